@@ -1,0 +1,36 @@
+"""Shared fixtures for the template's tests: bake a project through cookiecutter itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cookiecutter.main import cookiecutter
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+
+# Bakes in the fast tests skip the heavy post-generation steps; the tests of those steps
+# turn them back on explicitly.
+FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no"}
+
+
+def defaults() -> dict:
+    return json.loads((TEMPLATE / "cookiecutter.json").read_text())
+
+
+@pytest.fixture
+def bake(tmp_path):
+    """Return a function that bakes the template with `extra_context` and returns the project."""
+
+    def _bake(**extra_context) -> Path:
+        out = tmp_path / f"bake{len(list(tmp_path.iterdir()))}"
+        path = cookiecutter(
+            str(TEMPLATE),
+            no_input=True,
+            extra_context={**FAST, **extra_context},
+            output_dir=str(out),
+        )
+        return Path(path)
+
+    return _bake

@@ -1,0 +1,12 @@
+"""Smoke test: train -> checkpoint -> resume -> evaluate on tiny data (CUDA + bf16 if present).
+
+python scripts/smoke.py                  # or: make smoke
+python scripts/smoke.py run.device=cpu   # any config override applies to every phase
+"""
+
+from pathlib import Path
+
+from {{ cookiecutter.package_name }}.cli import smoke_main
+
+if __name__ == "__main__":
+    raise SystemExit(smoke_main(Path(__file__).resolve().parents[1]))

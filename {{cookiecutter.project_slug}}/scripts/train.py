@@ -1,0 +1,14 @@
+"""Train a model.
+
+    python scripts/train.py                                    # defaults (configs/default.yaml)
+    python scripts/train.py --config configs/experiments/mlp_large_batch.yaml train.epochs=3
+    python scripts/train.py run.name=baseline train.resume=auto    # continue after a stop
+    torchrun --standalone --nproc_per_node=4 scripts/train.py       # 4 GPUs, one machine
+
+Exit codes: 0 done, 2 bad input (one line says what to fix), 75 preempted (saved; rerun).
+"""
+
+from {{ cookiecutter.package_name }}.cli import train_main
+
+if __name__ == "__main__":
+    raise SystemExit(train_main())

@@ -1,0 +1,58 @@
+"""Fixtures that shrink the real config to seconds on CPU: tiny data, tiny model, tmp output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+# Small enough for a CPU step in milliseconds, big enough to learn something.
+TINY = [
+    "data.train_size=256",
+    "data.val_size=96",
+    "data.image_size=8",
+    "data.num_classes=4",
+    "model.width=8",
+    "train.batch_size=16",
+    "train.epochs=2",
+    "train.warmup_steps=2",
+    "run.log_every=4",
+    "run.tensorboard=false",
+    "run.device=cpu",
+]
+
+
+@pytest.fixture
+def tiny(tmp_path) -> list[str]:
+    """Overrides for a tiny CPU run writing under tmp_path."""
+    return [*TINY, f"run.output_dir={tmp_path / 'runs'}"]
+
+
+@pytest.fixture(autouse=True)
+def _single_process(monkeypatch):
+    # Tests run training in-process; a torchrun environment leaking in would make it distributed.
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    torch.use_deterministic_algorithms(False)
+
+
+def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path = ROOT):
+    """Run `python <args>` from the project root; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

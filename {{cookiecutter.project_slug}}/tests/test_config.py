@@ -1,0 +1,99 @@
+"""Config files, overrides and their errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+from conftest import CONFIGS
+
+from {{ cookiecutter.package_name }}.config import Config, from_dict, load_config, to_dict
+from {{ cookiecutter.package_name }}.data import build_dataset
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.models import build_model
+
+ALL_FILES = sorted(CONFIGS.rglob("*.yaml"))
+
+
+def test_default_yaml_mirrors_the_dataclass_defaults():
+    assert yaml.safe_load((CONFIGS / "default.yaml").read_text()) == to_dict(Config())
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
+def test_every_config_file_loads_and_builds(path):
+    cfg = load_config(path, ["data.train_size=64", "data.val_size=32"])
+    dataset = build_dataset(cfg.data, "train")
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_experiment_file_extends_the_default_and_holds_only_changes():
+    cfg = load_config(CONFIGS / "experiments" / "mlp_large_batch.yaml")
+    assert cfg.model.name == "mlp" and cfg.train.grad_accum_steps == 4
+    assert cfg.train.batch_size == Config().train.batch_size  # inherited
+
+
+def test_precedence_defaults_then_file_then_command_line(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("train:\n  epochs: 7\n  batch_size: 8\n")
+    cfg = load_config(path, ["train.epochs=3"])
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.train.lr) == (3, 8, Config().train.lr)
+
+
+def test_override_values_are_typed():
+    cfg = load_config(
+        None,
+        [
+            "train.lr=1e-4",
+            "train.amp=bf16",
+            "run.deterministic=true",
+            "train.amp=off",
+            "run.name=123",
+            "train.resume=",
+        ],
+    )
+    assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.train.amp == "off"  # YAML reads `off` as false; the Literal field maps it back
+    assert cfg.run.deterministic is True and cfg.run.name == "123" and cfg.train.resume == ""
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.epoch=3", "unknown config key 'train.epoch' (did you mean 'train.epochs'?)"),
+        ("trian.epochs=3", "unknown config key 'trian'"),
+        ("train.epochs=three", "train.epochs expects int, got 'three' (str)"),
+        ("train.lr=fast", "train.lr expects float, got 'fast' (str)"),
+        ("train.amp=fp8", "train.amp must be one of off, bf16, fp16, got 'fp8'"),
+        ("train.batch_size=0", "train.batch_size must be >= 1, got 0"),
+        ("train.lr=-0.1", "train.lr must be a finite number > 0, got -0.1"),
+        ("run.device=gpu", "run.device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
+        ("run.name=../x", "run.name must be a folder name"),
+        ("train.epochs", "override 'train.epochs' is not key=value"),
+        ("train=3", "train must be a section"),
+    ],
+)
+def test_bad_overrides_name_the_key_and_the_fix(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("extends: loop.yaml\n")
+    with pytest.raises(ConfigError, match="extends itself"):
+        load_config(loop)
+
+
+def test_round_trip_through_a_dict():
+    cfg = load_config(None, ["model.name=mlp", "train.epochs=1"])
+    assert from_dict(dataclasses.asdict(cfg)) == cfg

@@ -1,0 +1,211 @@
+"""Training, checkpointing, resuming and evaluating, in-process on CPU in seconds."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_script
+
+from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
+from {{ cookiecutter.package_name }}.trainer import fit
+
+
+def run_dir(tiny, name="default"):
+    return load_config(None, tiny).run.output_dir + "/" + name
+
+
+def test_two_step_run_trains_and_writes_its_run_folder(tiny):
+    result = fit(load_config(None, [*tiny, "train.max_steps=2"]))
+    assert result["step"] == 2 and result["stopped"] == "max_steps"
+    out = run_dir(tiny)
+    state = checkpoint.load(f"{out}/last.pt")
+    assert state["progress"]["step"] == 2
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
+    assert load_config(f"{out}/config.yaml") == load_config(None, [*tiny, "train.max_steps=2"])
+
+
+def test_full_run_learns_and_keeps_best_and_last(tiny):
+    result = fit(load_config(None, [*tiny, "train.epochs=3"]))
+    assert result["epoch"] == 3 and result["metrics"]["acc"] > 0.5  # chance is 0.25
+    out = run_dir(tiny)
+    best, last = checkpoint.load(f"{out}/best.pt"), checkpoint.load(f"{out}/last.pt")
+    assert best["progress"]["best"] == result["best"]
+    assert last["progress"]["step"] == result["step"]
+    for key in ("model", "optimizer", "scheduler", "scaler", "rng", "config", "meta"):
+        assert key in last
+    csv = Path(f"{out}/metrics.csv").read_text().splitlines()
+    assert len(csv) == 4 and csv[0].startswith("epoch,step,train/loss")
+
+
+def test_resume_continues_from_the_saved_step_with_identical_optimizer_state(tiny):
+    fit(load_config(None, [*tiny, "train.epochs=1"]))
+    saved = checkpoint.load(f"{run_dir(tiny)}/last.pt")
+
+    import {{ cookiecutter.package_name }}.trainer as trainer
+
+    seen = {}
+    original = trainer.restore
+
+    def spy(state, model, optimizer, *rest):
+        original(state, model, optimizer, *rest)
+        seen["optimizer"] = copy.deepcopy(optimizer.state_dict())  # training mutates it
+        seen["step"] = rest[-2].step
+
+    trainer.restore = spy
+    try:
+        result = fit(load_config(None, [*tiny, "train.epochs=2", "train.resume=auto"]))
+    finally:
+        trainer.restore = original
+    assert seen["step"] == saved["progress"]["step"]
+    for a, b in zip(
+        seen["optimizer"]["state"].values(), saved["optimizer"]["state"].values(), strict=True
+    ):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["step"], b["step"])
+    assert result["step"] == 2 * saved["progress"]["step"]
+
+
+def weights(path):
+    return checkpoint.load(path)["model"]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("stop_at", ["epoch", "mid-epoch"])
+def test_resume_is_bitwise_exact(tmp_path, tiny, stop_at):
+    """N epochs straight == stopped (at an epoch boundary or mid-epoch) then resumed."""
+    exact = [*tiny, "run.deterministic=true", "train.epochs=3", "model.dropout=0.3"]
+    straight = fit(load_config(None, [*exact, "run.name=straight"]))
+    steps_per_epoch = straight["step"] // 3
+    stop = steps_per_epoch if stop_at == "epoch" else steps_per_epoch + steps_per_epoch // 2 + 1
+    first = fit(load_config(None, [*exact, "run.name=split", f"train.max_steps={stop}"]))
+    assert first["step"] == stop
+    resumed = fit(load_config(None, [*exact, "run.name=split", "train.resume=auto"]))
+    assert resumed["step"] == straight["step"]
+    assert resumed["metrics"] == straight["metrics"]
+    assert_same_weights(
+        weights(f"{run_dir(tiny, 'straight')}/last.pt"),
+        weights(f"{run_dir(tiny, 'split')}/last.pt"),
+    )
+
+
+def test_gradient_accumulation_and_bf16_autocast_on_cpu(tiny):
+    result = fit(load_config(None, [*tiny, "train.amp=bf16", "train.grad_accum_steps=2"]))
+    assert result["epoch"] == 2 and result["metrics"]["loss"] < 10
+    # 256 samples / batch 16 = 16 micro-batches per epoch, 2 per optimizer step.
+    assert result["step"] == 2 * 8
+
+
+def test_fp16_on_cpu_is_refused_before_anything_is_written(tiny):
+    with pytest.raises(ConfigError, match="train.amp=fp16 needs a GPU"):
+        fit(load_config(None, [*tiny, "train.amp=fp16"]))
+    assert not os.path.exists(run_dir(tiny))
+
+
+def test_existing_run_is_never_overwritten(tiny):
+    fit(load_config(None, [*tiny, "train.max_steps=1"]))
+    before = checkpoint.load(f"{run_dir(tiny)}/last.pt")["model"]
+    with pytest.raises(ConfigError, match="already exists.*train.resume=auto.*run.name="):
+        fit(load_config(None, tiny))
+    assert_same_weights(before, checkpoint.load(f"{run_dir(tiny)}/last.pt")["model"])
+
+
+def test_keep_last_prunes_old_step_files_but_keeps_best(tiny):
+    fit(load_config(None, [*tiny, "train.epochs=4", "train.keep_last=2"]))
+    out = run_dir(tiny)
+    steps = sorted(p.name for p in Path(out).glob("step-*.pt"))
+    assert len(steps) == 2
+    assert checkpoint.load(f"{out}/best.pt")["progress"]["best"] is not None
+
+
+def test_evaluate_script_prints_the_metrics_of_a_checkpoint(tiny):
+    fit(load_config(None, tiny))
+    best = f"{run_dir(tiny)}/best.pt"
+    proc = run_script("scripts/evaluate.py", "--checkpoint", best, "run.device=cpu")
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert metrics["count"] == 96 and 0 <= metrics["acc"] <= 1
+    assert metrics["step"] == checkpoint.load(best)["progress"]["step"]
+
+
+def test_train_script_runs_from_the_command_line(tiny):
+    proc = run_script("scripts/train.py", *tiny, "train.epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "epoch 1/1" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "configs/nope.yaml"], "config file 'configs/nope.yaml' not found"),
+        (["train.batch_size=0"], "train.batch_size must be >= 1"),
+        (["train.epoch=2"], "did you mean 'train.epochs'?"),
+        (["model.name=resnet"], "model.name='resnet' is not a model"),
+        (["data.name=imagenet"], "data.name='imagenet' is not a dataset"),
+        (
+            ["data.name=tensors", "data.root=/no/such/dir"],
+            "data file '/no/such/dir/train.pt' not found",
+        ),
+        (["train.resume=/no/such/ckpt.pt"], "checkpoint '/no/such/ckpt.pt' not found"),
+        (["train.amp=fp16"], "train.amp=fp16 needs a GPU"),
+    ],
+)
+def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, tiny, args, message):
+    proc = run_script("scripts/train.py", *tiny, *args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny):
+    x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
+    for name, inputs in (
+        ("good", x),
+        ("bad", x.clone().index_fill_(0, torch.tensor([40]), float("nan"))),
+    ):
+        (tmp_path / name).mkdir()
+        for split in ("train", "val"):
+            torch.save({"x": inputs, "y": y}, tmp_path / name / f"{split}.pt")
+    data = [*tiny, "data.name=tensors", "train.batch_size=8", "data.num_workers=0"]
+    fit(load_config(None, [*data, "train.epochs=1", f"data.root={tmp_path / 'good'}"]))
+    good = checkpoint.load(f"{run_dir(tiny)}/last.pt")
+    proc = run_script(
+        "scripts/train.py",
+        *data,
+        "train.epochs=2",
+        "train.resume=auto",
+        f"data.root={tmp_path / 'bad'}",
+    )
+    assert proc.returncode == 2
+    assert "loss is not finite at step" in proc.stderr and "last good checkpoint" in proc.stderr
+    assert_same_weights(good["model"], checkpoint.load(f"{run_dir(tiny)}/last.pt")["model"])
+
+
+def test_smoke_script_passes():
+    proc = run_script("scripts/smoke.py", "run.device=cpu", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "smoke test passed" in proc.stdout
+
+
+def test_checkpoint_errors(tmp_path, tiny):
+    fit(load_config(None, [*tiny, "train.max_steps=1"]))
+    good = f"{run_dir(tiny)}/last.pt"
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(Path(good).read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        checkpoint.load(truncated)
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"model": {}, "payload": ROOT}, pickled)  # a Path: arbitrary pickled object
+    with pytest.raises(CheckpointError, match="pickled Python objects"):
+        checkpoint.load(pickled)

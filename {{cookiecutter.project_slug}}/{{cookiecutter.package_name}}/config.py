@@ -1,0 +1,259 @@
+"""Typed configuration: YAML files and `key=value` overrides on top of dataclass defaults.
+
+Precedence, later wins: dataclass defaults < config file (after the files it `extends`) <
+command-line overrides. `configs/default.yaml` mirrors the defaults below (a test keeps the two
+equal); experiment files start with `extends: ../default.yaml` and hold only what changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+
+
+@dataclass
+class RunConfig:
+    name: str = "default"  # run folder <output_dir>/<name>/: checkpoints, logs, resolved config
+    seed: int = 42  # base seed; rank r of a distributed run uses seed + r
+    device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
+    output_dir: str = "checkpoints"  # parent folder of every run folder
+    deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
+    log_every: int = 50  # optimizer steps between loss reads (each read waits for the GPU)
+    tensorboard: bool = True  # TensorBoard events beside metrics.csv
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"  # a key of DATASETS in data/__init__.py
+    root: str = "data"  # folder of file-based datasets
+    train_size: int = 4096  # synthetic: samples in the training split
+    val_size: int = 1024  # synthetic: samples in the validation split
+    image_size: int = 16  # synthetic: height = width of the images
+    num_classes: int = 10  # synthetic: number of classes
+    num_workers: int = 0  # loader processes; 0 suits in-memory data, raise it for decoding
+    pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (CUDA only)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "cnn"  # a key of MODELS in models/__init__.py
+    width: int = 32  # channels of the first block (cnn) / hidden units (mlp)
+    depth: int = 2  # conv blocks (cnn) / hidden layers (mlp)
+    dropout: float = 0.1  # before the classifier head
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 64  # per device; effective batch = batch_size * grad_accum_steps * ranks
+    lr: float = 0.003  # peak learning rate at ref_batch_size
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # rescale lr for the effective batch
+    ref_batch_size: int = 64  # the effective batch that `lr` was tuned for
+    weight_decay: float = 0.05
+    warmup_steps: int = 50  # linear warm-up in optimizer steps, then cosine decay
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (norm still logged)
+    amp: Literal["off", "bf16", "fp16"] = "off"  # mixed precision; fp16 adds a GradScaler
+    compile: bool = False  # torch.compile the model (pays off on GPU for long runs)
+    channels_last: bool = False  # NHWC memory format for conv nets (faster on tensor cores)
+    tf32: bool = True  # TF32 matmuls/convolutions on Ampere+ GPUs
+    sync_bn: bool = False  # SyncBatchNorm across ranks (distributed runs only)
+    max_steps: int = 0  # stop after this many optimizer steps in total; 0 = all epochs
+    resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
+    init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
+    keep_last: int = 2  # step checkpoints kept besides best.pt
+    best_metric: str = "acc"  # validation metric that picks best.pt: acc | loss
+    best_mode: Literal["max", "min"] = "max"
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def load_config(
+    path: str | Path | None = None, overrides: typing.Sequence[str] = (), base: dict | None = None
+) -> Config:
+    """Defaults, then the file at `path` (or the dict `base`, e.g. a checkpoint's config),
+    then `key=value` overrides; validated."""
+    data: dict = _read_file(Path(path), seen=()) if path else _merge({}, base or {})
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not key=value, e.g. train.epochs=3")
+        node = data
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+        node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
+    cfg = from_dict(data)
+    validate(cfg)
+    return cfg
+
+
+def from_dict(data: dict) -> Config:
+    """Build a Config from nested dicts, refusing unknown keys and wrong types."""
+    return _build(Config, data, prefix="")
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def validate(cfg: Config) -> None:
+    """Value checks that types alone cannot express; each error names the key and the rule."""
+    checks = [
+        ("train.epochs", cfg.train.epochs >= 0, ">= 0"),
+        ("train.batch_size", cfg.train.batch_size >= 1, ">= 1"),
+        ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "a finite number > 0"),
+        ("train.ref_batch_size", cfg.train.ref_batch_size >= 1, ">= 1"),
+        ("train.weight_decay", cfg.train.weight_decay >= 0, ">= 0"),
+        ("train.warmup_steps", cfg.train.warmup_steps >= 0, ">= 0"),
+        ("train.min_lr_ratio", 0 <= cfg.train.min_lr_ratio <= 1, "between 0 and 1"),
+        ("train.grad_accum_steps", cfg.train.grad_accum_steps >= 1, ">= 1"),
+        ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
+        ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
+        ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
+        ("train.best_metric", cfg.train.best_metric in ("acc", "loss"), "acc or loss"),
+        ("data.num_workers", cfg.data.num_workers >= 0, ">= 0"),
+        ("data.train_size", cfg.data.train_size >= 1, ">= 1"),
+        ("data.val_size", cfg.data.val_size >= 1, ">= 1"),
+        ("data.image_size", cfg.data.image_size >= 4, ">= 4"),
+        ("data.num_classes", cfg.data.num_classes >= 2, ">= 2"),
+        ("model.width", cfg.model.width >= 1, ">= 1"),
+        ("model.depth", cfg.model.depth >= 1, ">= 1"),
+        ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
+        ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
+        ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),
+    ]
+    for key, ok, rule in checks:
+        if not ok:
+            section, name = key.split(".")
+            value = getattr(getattr(cfg, section), name)
+            raise ConfigError(f"{key} must be {rule}, got {value!r}")
+    device = cfg.run.device
+    if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
+        raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+def _is_plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and all(c.isalnum() or c in "-_." for c in name)
+
+
+def _is_cuda_index(device: str) -> bool:
+    return device.startswith("cuda:") and device[5:].isdigit()
+
+
+def _read_file(path: Path, seen: tuple) -> dict:
+    """Read a YAML config; `extends: other.yaml` (relative to this file) is read first."""
+    if not path.is_file():
+        raise ConfigError(
+            f"config file {str(path)!r} not found (check the path given to --config)"
+        )
+    if path.resolve() in seen:
+        raise ConfigError(f"config file {str(path)!r} extends itself in a loop")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    return _merge(_read_file(path.parent / base, seen + (path.resolve(),)), data)
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _all_keys(cls=Config, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            keys += _all_keys(hint, f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _build(cls, data: Any, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a section (key: value lines)")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(prefix + str(key), _all_keys(), n=1, cutoff=0.5)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+    values = {}
+    for name in known & data.keys():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, data[name], f"{prefix}{name}.")
+        else:
+            values[name] = _coerce(data[name], hint, prefix + name)
+    return cls(**values)
+
+
+_BOOL_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Return `value` as type `hint` or raise a ConfigError naming key, type and value."""
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        if isinstance(value, bool):  # YAML 1.1 reads off/no/on/yes as booleans
+            value = next((c for c in _BOOL_WORDS[value] if c in choices), value)
+        if value in choices:
+            return value
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    ok = False
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        value = "" if value is None else value  # `key=` with nothing after it
+        ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+        value = str(value) if ok else value
+    if not ok:
+        raise ConfigError(f"{key} expects {hint.__name__}, got {value!r} ({type(value).__name__})")
+    return value

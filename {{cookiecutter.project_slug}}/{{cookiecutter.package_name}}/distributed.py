@@ -1,0 +1,92 @@
+"""Process-group setup for torchrun, and the few collectives the trainer needs.
+
+Launched with plain `python`, everything here is a no-op on a single process, so the training
+code never branches on whether it is distributed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .utils.device import resolve_device
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device_name: str) -> tuple[DistInfo, torch.device]:
+    """Join the process group when torchrun (or srun + torchrun) set RANK/WORLD_SIZE."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return DistInfo(), resolve_device(device_name)
+    info = DistInfo(
+        rank=int(os.environ["RANK"]),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
+    device = resolve_device(device_name, info.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)  # device_id binds the rank to its GPU
+    else:
+        dist.init_process_group("gloo")
+    return info, device
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks in place (sums and counts, never per-rank means)."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def all_gather_object(obj) -> list:
+    """Gather a picklable object from every rank (e.g. per-rank RNG states for a checkpoint)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under DistributedDataParallel and torch.compile wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model

@@ -1,0 +1,323 @@
+"""Environment doctor: say why PyTorch or the GPU doesn't work here, and how to fix it.
+
+One line per check: Python version and active virtual/conda env; `import torch` (in a subprocess,
+so a broken CUDA install can't take the doctor down); the build (CUDA, cuDNN, MPS); the NVIDIA
+driver (nvidia-smi) cross-checked against the build; a tiny GPU matmul, bf16, NCCL and TF32 when
+CUDA works; the dependencies and the project package (from .cookiecutter.json) import.
+
+    python scripts/doctor.py [--json]     # or: make doctor.  Exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPS = ("numpy", "yaml", "tqdm", "tensorboard")
+# Newest first: (wheel tag, its CUDA version, the oldest NVIDIA driver that runs it).
+WHEELS = (("cu130", (13, 0), 580), ("cu128", (12, 8), 570), ("cu126", (12, 6), 560))
+CUDA_LIB_ERROR = re.compile(r"libc10_cuda|libcudart|libcudnn|libcublas|libnccl|undefined symbol")
+INDEX = "https://download.pytorch.org/whl/"
+TAG = "DOCTOR_JSON "
+
+# Run in a child interpreter: a CUDA build that can't find its libraries may segfault on import.
+TORCH_PROBE = r"""
+import json, warnings
+import torch
+f = {"version": torch.__version__, "cuda": torch.version.cuda,
+     "hip": getattr(torch.version, "hip", None), "cudnn": None, "mps": False}
+try:
+    f["cudnn"], f["mps"] = torch.backends.cudnn.version(), torch.backends.mps.is_available()
+except Exception:
+    pass
+with warnings.catch_warnings(record=True) as caught:  # holds the reason CUDA init failed
+    warnings.simplefilter("always")
+    f["cuda_available"] = torch.cuda.is_available()
+f["cuda_warning"] = next((str(w.message).strip().splitlines()[0] for w in caught), None)
+if f["cuda_available"]:
+    f["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    f["capability"] = list(torch.cuda.get_device_capability(0))
+    f["bf16"] = torch.cuda.is_bf16_supported()
+    f["nccl"] = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+    f["tf32"] = torch.get_float32_matmul_precision()
+    try:
+        x = torch.randn(64, 64)
+        ok = torch.allclose((x.cuda() @ x.cuda()).cpu(), x @ x, atol=0.1)
+        f["matmul_error"] = None if ok else "result differs from the CPU's"
+    except Exception as e:
+        f["matmul_error"] = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+print("DOCTOR_JSON " + json.dumps(f))
+"""
+
+# Drops the working directory from sys.path: the package must be installed, not just nearby.
+IMPORT_PROBE = r"""
+import importlib, json, sys
+sys.path = [p for p in sys.path if p not in ("", ".")]
+for name in sys.argv[1:]:
+    try:
+        res = [name, True, str(getattr(importlib.import_module(name), "__version__", ""))]
+    except BaseException as e:
+        res = [name, False, f"{type(e).__name__}: {e}".strip().splitlines()[0]]
+    print("DOCTOR_JSON " + json.dumps(res), flush=True)
+"""
+
+
+class Check(NamedTuple):
+    status: str  # "ok", "warn" or "FAIL"
+    message: str
+
+
+def pick(good: bool, ok_msg: str, bad_msg: str, bad: str = "warn") -> Check:
+    return Check("ok", ok_msg) if good else Check(bad, bad_msg)
+
+
+# ---- probing the outside world (tests replace these) ----
+
+
+def run(cmd: list[str], timeout: float) -> tuple[int | None, str, str]:
+    try:
+        p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, "", f"{type(e).__name__}: {e}"
+    return p.returncode, p.stdout, p.stderr
+
+
+def tagged(out: str) -> list:
+    return [json.loads(line[len(TAG) :]) for line in out.splitlines() if line.startswith(TAG)]
+
+
+def probe_torch() -> dict:
+    code, out, err = run([sys.executable, "-c", TORCH_PROBE], timeout=300)
+    if code == 0 and tagged(out):
+        return {"ok": True, **tagged(out)[0]}
+    return {"ok": False, "returncode": code, "error": (err or out).strip() or "no output"}
+
+
+def parse_smi(query: str, header: str) -> dict:
+    rows = [[c.strip() for c in line.split(",")] for line in query.splitlines() if line.strip()]
+    m = re.search(r"CUDA Version:\s*(\d+\.\d+)", header)
+    gpus = [f"{r[1]} ({r[-1]})" for r in rows if len(r) >= 3]
+    driver, cuda = rows[0][0] if rows else None, m.group(1) if m else None
+    return {"present": True, "driver": driver, "gpus": gpus, "cuda": cuda}
+
+
+def probe_nvidia_smi() -> dict:
+    if not shutil.which("nvidia-smi"):
+        return {"present": False}
+    fields = "--query-gpu=driver_version,name,memory.total"
+    code, query, err = run(["nvidia-smi", fields, "--format=csv,noheader"], timeout=30)
+    if code != 0:
+        return {"present": True, "error": first_line(err or query) or f"exit code {code}"}
+    return parse_smi(query, run(["nvidia-smi"], timeout=30)[1])
+
+
+def probe_imports(modules: list[str]) -> dict:
+    code, out, err = run([sys.executable, "-c", IMPORT_PROBE, *modules], timeout=300)
+    done = {name: (ok, detail) for name, ok, detail in tagged(out)}
+    # A module that killed the child (e.g. a package importing a broken torch) gets that error.
+    crash = first_line(err) or f"import crashed (exit code {code})"
+    return {name: done.get(name, (False, crash)) for name in modules}
+
+
+def probe_python(root: Path) -> dict:
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text() if pyproject.exists() else ""
+    m = re.search(r'requires-python\s*=\s*"\s*>=\s*(\d+)\.(\d+)', text)
+    env = None
+    if Path(sys.prefix, "conda-meta").is_dir():  # conda's base env is the one with condabin/
+        base = Path(sys.prefix, "condabin").is_dir()
+        env = "conda base" if base else f"conda env {Path(sys.prefix).name}"
+    elif sys.prefix != sys.base_prefix:
+        env = f"virtual env {sys.prefix}"
+    requires = [int(m.group(1)), int(m.group(2))] if m else [3, 10]
+    here = ".".join(map(str, sys.version_info[:3]))
+    return {"version": here, "requires": requires, "env": env, "executable": sys.executable}
+
+
+def gather_facts(root: Path = ROOT) -> dict:
+    try:
+        package = json.loads((root / ".cookiecutter.json").read_text()).get("package_name")
+    except (OSError, ValueError, AttributeError):
+        package = None
+    names = ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
+    return {
+        "python": probe_python(root),
+        "torch": probe_torch(),
+        "smi": probe_nvidia_smi(),
+        "env": {k: os.environ[k] for k in names if k in os.environ},
+        "imports": probe_imports([*DEPS, *([package] if package else [])]),
+        "package": package,
+        "platform": sys.platform,
+    }
+
+
+# ---- diagnosis: pure functions of the facts ----
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def version(text: str | None) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def wheel_for(smi: dict) -> tuple | None:
+    """The newest entry of WHEELS that this driver runs (None: the driver must be updated)."""
+    have = version(smi.get("cuda"))
+    fits = [w for w in WHEELS if have is None or have >= w[1]]
+    # CUDA minor-version compatibility: any 12.x driver (>= 525) runs the 12.x wheels.
+    fits += [w for w in WHEELS[-1:] if have and have[0] == w[1][0]]
+    return fits[0] if fits else None
+
+
+def reinstall(smi: dict) -> str:
+    wheel = wheel_for(smi)
+    if wheel is None:
+        return f"update the NVIDIA driver to >= {WHEELS[-1][2]}"
+    return f"pip install --force-reinstall torch --index-url {INDEX}{wheel[0]}"
+
+
+def cuda_in_ld_path(f: dict) -> str:
+    ld = f["env"].get("LD_LIBRARY_PATH", "")
+    hint = f"; LD_LIBRARY_PATH={ld} points at a system CUDA: unset it"
+    return hint if "cuda" in ld.lower() else ""
+
+
+def diagnose_python(f: dict) -> list[Check]:
+    py = f["python"]
+    (major, minor), ok = py["requires"], version(py["version"]) >= tuple(py["requires"])
+    msg = f"python {py['version']} (project asks >={major}.{minor})"
+    checks = [pick(ok, msg, f"{msg}: recreate the env", "FAIL")]
+    if py["env"] is None:
+        msg = f"system interpreter ({py['executable']}): create and activate the project env"
+        return checks + [Check("warn", msg)]
+    if py["env"] == "conda base":
+        return checks + [Check("warn", "conda base env: create a project env (see README)")]
+    return checks + [Check("ok", f"inside {py['env']}")]
+
+
+def diagnose_torch(f: dict) -> list[Check]:
+    t = f["torch"]
+    if not t["ok"]:
+        err, code = t["error"], t["returncode"]
+        last = err.strip().splitlines()[-1]  # the exception line, after the traceback
+        if "No module named 'torch'" in err:
+            return [Check("FAIL", "torch is not installed: pip install -r requirements.txt")]
+        if CUDA_LIB_ERROR.search(err):
+            msg = f"import torch fails ({last}): its CUDA build doesn't match the driver/libs"
+            return [Check("FAIL", f"{msg}{cuda_in_ld_path(f)}; fix: {reinstall(f['smi'])}")]
+        if code is None or code < 0:
+            return [Check("FAIL", f"import torch crashed or hung (exit {code}): {last}")]
+        return [Check("FAIL", f"import torch fails: {last}")]
+    build = f"CUDA {t['cuda']}, cuDNN {t['cudnn']}" if t["cuda"] else None
+    build = build or (f"ROCm {t['hip']}" if t["hip"] else "CPU build: torch.version.cuda is None")
+    checks = [Check("ok", f"torch {t['version']} ({build})")]
+    if f["platform"] == "darwin":
+        no_mps = "MPS not available: needs Apple silicon and macOS 12.3+"
+        checks.append(pick(t["mps"], "MPS (Apple GPU) available", no_mps))
+    return checks
+
+
+def diagnose_cuda(f: dict) -> list[Check]:
+    t, smi, cvd = f["torch"], f["smi"], f["env"].get("CUDA_VISIBLE_DEVICES")
+    checks, gpu = [], bool(smi["present"] and smi.get("gpus"))
+    if smi["present"] and smi.get("error"):
+        checks.append(Check("warn", f"nvidia-smi fails ({smi['error']}): driver not loaded?"))
+    elif gpu:
+        gpus = f"driver {smi['driver']}, CUDA {smi['cuda']}: {', '.join(smi['gpus'])}"
+        checks.append(Check("ok", f"nvidia-smi: {gpus}"))
+    if not t["ok"]:
+        return checks
+    if t["hip"]:
+        no_gpu = "ROCm build but torch sees no AMD GPU (check rocm-smi)"
+        return checks + [pick(t["cuda_available"], "ROCm GPU available", no_gpu)]
+    if not t["cuda"] and gpu:
+        msg = f"torch is the CPU build ({t['version']}) but an NVIDIA GPU is present"
+        return checks + [Check("FAIL", f"{msg} (driver {smi['driver']}): {reinstall(smi)}")]
+    if not t["cuda"]:
+        return checks + [Check("ok", "no NVIDIA GPU: the CPU build is right for this machine")]
+    if t["cuda_available"]:
+        return checks + healthy_cuda(t)
+    if cvd is not None and cvd.strip() in ("", "-1"):
+        msg = f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU from torch: unset it to use them"
+        return checks + [Check("warn", msg)]
+    if not smi["present"]:
+        msg = "CUDA build but no NVIDIA driver (no nvidia-smi): fine on a login/CPU node"
+        return checks + [Check("warn", msg)]
+    why = t.get("cuda_warning") or "no reason given"
+    have, need = version(smi.get("cuda")), version(t["cuda"])
+    if (have and need and have < need) or "too old" in why:
+        driver = next((f" to >= {d}" for _, c, d in WHEELS if c == need), "")
+        msg = f"NVIDIA driver {smi.get('driver')} is too old: it runs CUDA <= {smi.get('cuda')}"
+        msg += f", torch {t['version']} needs CUDA {t['cuda']}: update the driver{driver}"
+        wheel = wheel_for(smi)  # an older wheel is the alternative to a driver update
+        alt = f" or {reinstall(smi)}" if wheel and need and wheel[1] < need else ""
+        return checks + [Check("FAIL", msg + alt)]
+    msg = f"torch.cuda.is_available() is False with a CUDA build and a driver ({why})"
+    return checks + [Check("FAIL", f"{msg}{cuda_in_ld_path(f)}; in a container pass --gpus all")]
+
+
+def healthy_cuda(t: dict) -> list[Check]:
+    major, minor = t["capability"]
+    name = f"{len(t['gpus'])} GPU(s), {t['gpus'][0]} (compute capability {major}.{minor})"
+    checks = [Check("ok", f"CUDA works: {name}")]
+    # "no kernel image is available" here means the GPU is newer than the wheel's CUDA.
+    err = t["matmul_error"]
+    bad = f"tiny matmul on cuda:0 failed ({err}): install a newer CUDA wheel"
+    checks.append(pick(not err, "tiny matmul on cuda:0 matches the CPU", bad, "FAIL"))
+    bf16 = "no bf16 on this GPU: use fp16 autocast with a GradScaler"
+    checks.append(pick(t["bf16"], "bf16 supported", bf16))
+    nccl = "NCCL not available: multi-GPU DDP needs the gloo backend"
+    checks.append(pick(t["nccl"], "NCCL available (multi-GPU DDP)", nccl))
+    if major >= 8:  # Ampere+: TF32 makes fp32 matmuls several times faster
+        tf32 = "off: torch.set_float32_matmul_precision('high') turns it on"
+        tf32 = "on" if t["tf32"] != "highest" else tf32
+        checks.append(Check("ok", f"Ampere+ GPU: TF32 for fp32 matmuls is {tf32}"))
+    return checks
+
+
+def diagnose_deps(f: dict) -> list[Check]:
+    checks = []
+    for name in DEPS:
+        ok, detail = f["imports"][name]
+        fix = f"{name} missing ({detail}): pip install -r requirements.txt"
+        checks.append(pick(ok, f"{name} {detail}".strip(), fix))
+    pkg = f["package"]
+    if pkg is None:
+        return checks + [Check("warn", "no package_name in .cookiecutter.json: package unchecked")]
+    ok, detail = f["imports"][pkg]
+    fix = f"package {pkg} not importable ({detail}): pip install -e ."
+    return checks + [pick(ok, f"package {pkg} imports", fix, "FAIL")]
+
+
+def diagnose(f: dict) -> list[Check]:
+    return diagnose_python(f) + diagnose_torch(f) + diagnose_cuda(f) + diagnose_deps(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print a JSON list of checks")
+    args = parser.parse_args(argv)
+    checks = diagnose(gather_facts())
+    counts = {s: sum(c.status == s for c in checks) for s in ("ok", "warn", "FAIL")}
+    if args.json:
+        print(json.dumps([c._asdict() for c in checks], indent=2))
+    else:
+        for c in checks:
+            print(f"[{c.status:^4}] {c.message}")
+        print(f"doctor: {counts['ok']} ok, {counts['warn']} warnings, {counts['FAIL']} failures")
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Tests for scripts/doctor.py: every diagnosis from fake facts, plus one real run here."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "doctor.py"
+# scripts/ is not a package, so load the module from its path.
+spec = importlib.util.spec_from_file_location("doctor", SCRIPT)
+doctor = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(doctor)
+
+HEALTHY = {
+    "python": {"version": "3.11.7", "requires": [3, 10], "env": "virtual env /p/.venv"},
+    "torch": {
+        "ok": True,
+        "version": "2.13.0+cu128",
+        "cuda": "12.8",
+        "hip": None,
+        "cudnn": 91002,
+        "mps": False,
+        "cuda_available": True,
+        "cuda_warning": None,
+        "gpus": ["NVIDIA H100 80GB HBM3"],
+        "capability": [9, 0],
+        "bf16": True,
+        "nccl": True,
+        "tf32": "highest",
+        "matmul_error": None,
+    },
+    "smi": {"present": True, "driver": "570.86.15", "cuda": "12.8", "gpus": ["NVIDIA H100"]},
+    "env": {},
+    "imports": dict.fromkeys((*doctor.DEPS, "mypkg"), (True, "1.0")),
+    "package": "mypkg",
+    "platform": "linux",
+}
+CPU_TORCH = {"ok": True, "version": "2.13.0+cpu", "cuda": None, "hip": None, "cudnn": None}
+CPU_TORCH.update(mps=False, cuda_available=False, cuda_warning=None)
+NO_SMI = {"present": False}
+
+
+def facts(torch=None, smi=None, env=None, **over):
+    f = copy.deepcopy(HEALTHY)
+    if torch is not None:
+        f["torch"] = {**f["torch"], **torch} if torch.get("ok", True) else torch
+    f["smi"] = smi if smi is not None else f["smi"]
+    f["env"] = env or {}
+    return {**f, **over}
+
+
+def statuses(checks):
+    return [c.status for c in checks]
+
+
+def failures(checks):
+    return [c.message for c in checks if c.status == "FAIL"]
+
+
+def test_healthy_cuda_is_all_ok():
+    checks = doctor.diagnose(facts())
+    assert set(statuses(checks)) == {"ok"}, checks
+    text = "\n".join(c.message for c in checks)
+    assert "CUDA works" in text and "matmul" in text and "bf16" in text and "NCCL" in text
+    assert "TF32" in text  # H100 is Ampere+
+
+
+def test_cpu_machine_with_cpu_build_is_ok():
+    checks = doctor.diagnose(facts(torch=CPU_TORCH, smi=NO_SMI))
+    assert "FAIL" not in statuses(checks) and "warn" not in statuses(checks), checks
+    assert any("CPU build is right" in c.message for c in checks)
+
+
+def test_cpu_build_with_gpu_present_fails_with_reinstall_command():
+    (msg,) = failures(doctor.diagnose_cuda(facts(torch=CPU_TORCH)))
+    assert "CPU build (2.13.0+cpu)" in msg and "570.86.15" in msg
+    assert "--index-url https://download.pytorch.org/whl/cu128" in msg
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "ImportError: libc10_cuda.so: cannot open shared object file: No such file or directory",
+        "OSError: libcudnn.so.9: cannot open shared object file: No such file or directory",
+        "ImportError: /x/libtorch_cuda.so: undefined symbol: cudaGraphInstantiateWithParams",
+    ],
+)
+def test_cuda_library_import_error_names_the_mismatch(error):
+    broken = {"ok": False, "returncode": 1, "error": f"Traceback...\n  File x\n{error}"}
+    env = {"LD_LIBRARY_PATH": "/usr/local/cuda-11.8/lib64"}
+    checks = doctor.diagnose(facts(torch=broken, env=env))
+    (msg,) = failures(checks)
+    assert error in msg and "doesn't match the driver/libs" in msg
+    assert "LD_LIBRARY_PATH=/usr/local/cuda-11.8/lib64" in msg and "--index-url" in msg
+
+
+def test_other_import_errors_show_the_exception_line():
+    missing = {"ok": False, "returncode": 1, "error": "No module named 'torch'"}
+    (msg,) = failures(doctor.diagnose_torch(facts(torch=missing)))
+    assert "not installed" in msg
+    odd = {"ok": False, "returncode": 1, "error": "Traceback\nRuntimeError: numpy ABI mismatch"}
+    (msg,) = failures(doctor.diagnose_torch(facts(torch=odd)))
+    assert msg.endswith("RuntimeError: numpy ABI mismatch")
+    crash = {"ok": False, "returncode": -11, "error": "no output"}
+    assert "crashed" in failures(doctor.diagnose_torch(facts(torch=crash)))[0]
+
+
+def test_driver_too_old_for_the_wheel_names_the_driver():
+    smi = {"present": True, "driver": "535.183.01", "cuda": "12.2", "gpus": ["Tesla V100"]}
+    torch = {"cuda_available": False, "cuda_warning": "CUDA initialization: driver too old"}
+    (msg,) = failures(doctor.diagnose_cuda(facts(torch=torch, smi=smi)))
+    assert "driver 535.183.01 is too old" in msg and "12.2" in msg and "12.8" in msg
+    assert ">= 570" in msg and "whl/cu126" in msg  # 12.x drivers run the cu126 wheel
+
+
+@pytest.mark.parametrize(
+    ("driver_cuda", "tag"),
+    [("13.0", "cu130"), ("12.9", "cu128"), ("12.6", "cu126"), ("12.2", "cu126"), (None, "cu130")],
+)
+def test_wheel_for_driver(driver_cuda, tag):
+    assert doctor.wheel_for({"cuda": driver_cuda})[0] == tag
+    assert doctor.wheel_for({"cuda": "11.8"}) is None
+
+
+@pytest.mark.parametrize("value", ["", "-1"])
+def test_hidden_cuda_visible_devices_is_named(value):
+    env = {"CUDA_VISIBLE_DEVICES": value}
+    checks = doctor.diagnose_cuda(facts(torch={"cuda_available": False}, env=env))
+    assert any(f"CUDA_VISIBLE_DEVICES={value!r}" in c.message for c in checks), checks
+
+
+def test_cuda_build_without_driver_only_warns():
+    checks = doctor.diagnose_cuda(facts(torch={"cuda_available": False}, smi=NO_SMI))
+    assert statuses(checks) == ["warn"] and "login" in checks[0].message
+
+
+def test_unexplained_unavailable_cuda_fails_with_the_reason():
+    torch = {"cuda_available": False, "cuda_warning": "CUDA unknown error"}
+    env = {"LD_LIBRARY_PATH": "/opt/cuda/lib64"}
+    (msg,) = failures(doctor.diagnose_cuda(facts(torch=torch, env=env)))
+    assert "CUDA unknown error" in msg and "LD_LIBRARY_PATH=/opt/cuda/lib64" in msg
+
+
+def test_weak_gpu_warns_and_broken_matmul_fails():
+    torch = {"bf16": False, "nccl": False, "capability": [7, 0], "matmul_error": "no kernel image"}
+    checks = doctor.diagnose_cuda(facts(torch=torch))
+    assert statuses(checks).count("warn") == 2 and len(failures(checks)) == 1
+    assert not any("TF32" in c.message for c in checks)
+
+
+def test_old_python_and_system_interpreter():
+    py = {"version": "3.9.18", "requires": [3, 10], "env": None, "executable": "/usr/bin/python3"}
+    checks = doctor.diagnose_python(facts(python=py))
+    assert statuses(checks) == ["FAIL", "warn"] and "/usr/bin/python3" in checks[1].message
+
+
+def test_missing_dependency_warns_and_missing_package_fails():
+    imports = {**HEALTHY["imports"], "tensorboard": (False, "ModuleNotFoundError: x")}
+    imports["mypkg"] = (False, "ModuleNotFoundError: No module named 'mypkg'")
+    checks = doctor.diagnose_deps(facts(imports=imports))
+    assert any(c.status == "warn" and "requirements.txt" in c.message for c in checks)
+    assert "pip install -e ." in failures(checks)[0]
+
+
+def test_parse_nvidia_smi():
+    query = "570.86.15, NVIDIA H100 80GB HBM3, 81559 MiB\n" * 2
+    header = "| NVIDIA-SMI 570.86.15    Driver Version: 570.86.15    CUDA Version: 12.8     |"
+    smi = doctor.parse_smi(query, header)
+    assert smi["driver"] == "570.86.15" and smi["cuda"] == "12.8" and len(smi["gpus"]) == 2
+
+
+def test_probe_torch_catches_a_failing_import(tmp_path, monkeypatch):
+    (tmp_path / "torch").mkdir()
+    error = "libc10_cuda.so: cannot open shared object file: No such file or directory"
+    (tmp_path / "torch" / "__init__.py").write_text(f"raise ImportError({error!r})")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    torch = doctor.probe_torch()
+    assert not torch["ok"] and torch["returncode"] == 1
+    assert torch["error"].splitlines()[-1] == f"ImportError: {error}"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fake nvidia-smi is a shell script")
+def test_probe_nvidia_smi_runs_and_parses_it(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    header = "| Driver Version: 535.183.01   CUDA Version: 12.2 |"
+    query = "535.183.01, Tesla V100-SXM2-32GB, 32768 MiB"
+    fake.write_text(f'#!/bin/sh\nif [ -z "$1" ]; then echo "{header}"; else echo "{query}"; fi\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    smi = doctor.probe_nvidia_smi()
+    assert smi["driver"] == "535.183.01" and smi["cuda"] == "12.2"
+    assert smi["gpus"] == ["Tesla V100-SXM2-32GB (32768 MiB)"]
+
+
+def test_survives_a_world_where_nothing_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "run", lambda cmd, timeout: (None, "", "OSError: no python"))
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    f = doctor.gather_facts(tmp_path)  # no .cookiecutter.json, no pyproject.toml either
+    assert f["package"] is None and f["smi"] == {"present": False}
+    checks = doctor.diagnose(f)
+    assert "crashed or hung" in failures(checks)[0]
+    assert "package unchecked" in checks[-1].message
+
+
+def test_rocm_build_skips_the_nvidia_checks():
+    torch = {"cuda": None, "hip": "6.4", "cuda_available": True}
+    checks = doctor.diagnose(facts(torch=torch, smi=NO_SMI))
+    assert "FAIL" not in statuses(checks) and any("ROCm 6.4" in c.message for c in checks)
+
+
+def test_main_exit_code_and_json(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "gather_facts", lambda: facts(torch=CPU_TORCH))
+    assert doctor.main(["--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert all(set(c) == {"status", "message"} for c in out)
+    assert any(c["status"] == "FAIL" and "CPU build" in c["message"] for c in out)
+    monkeypatch.setattr(doctor, "gather_facts", lambda: facts())
+    assert doctor.main([]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("doctor: ")
+
+
+def test_real_run_in_a_throwaway_project(tmp_path):
+    """The real probes on this machine, in a project whose package is a tiny stand-in."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "scripts" / "doctor.py")
+    (tmp_path / ".cookiecutter.json").write_text(json.dumps({"package_name": "doctorpkg"}))
+    (tmp_path / "site" / "doctorpkg").mkdir(parents=True)
+    (tmp_path / "site" / "doctorpkg" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    proc = subprocess.run(
+        [sys.executable, "scripts/doctor.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = proc.stdout
+    assert "[ ok ] package doctorpkg imports" in out, out + proc.stderr
+    summary = out.splitlines()[-1]
+    assert summary.startswith("doctor: ") and summary.endswith(" failures"), out
+    # A GPU box with a broken install fails here on purpose; the message says why.
+    assert proc.returncode == 0, out

@@ -1,0 +1,201 @@
+"""Bake the template through cookiecutter and check what a user gets."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import defaults
+
+# Every file a default bake must produce, and nothing else.
+EXPECTED = {
+    ".cookiecutter.json",
+    ".gitignore",
+    "LICENSE",
+    "Makefile",
+    "README.md",
+    "environment.yml",
+    "pyproject.toml",
+    "requirements.txt",
+    "checkpoints/README.md",
+    "data/README.md",
+    "configs/default.yaml",
+    "configs/experiments/smoke.yaml",
+    "configs/experiments/mlp_large_batch.yaml",
+    "scripts/train.py",
+    "scripts/evaluate.py",
+    "scripts/smoke.py",
+    "scripts/doctor.py",
+    "scripts/create_env.py",
+    "scripts/slurm_train.sh",
+    "scripts/benchmark_dataloader.py",
+    "scripts/benchmark_gpu.py",
+    "PKG/__init__.py",
+    "PKG/cli.py",
+    "PKG/config.py",
+    "PKG/checkpoint.py",
+    "PKG/distributed.py",
+    "PKG/errors.py",
+    "PKG/trainer.py",
+    "PKG/data/__init__.py",
+    "PKG/data/sampler.py",
+    "PKG/data/synthetic.py",
+    "PKG/data/tensor_files.py",
+    "PKG/models/__init__.py",
+    "PKG/models/cnn.py",
+    "PKG/models/mlp.py",
+    "PKG/utils/__init__.py",
+    "PKG/utils/device.py",
+    "PKG/utils/logger.py",
+    "PKG/utils/seed.py",
+    "tests/conftest.py",
+    "tests/test_config.py",
+    "tests/test_models.py",
+    "tests/test_train.py",
+    "tests/test_faults.py",
+    "tests/test_distributed.py",
+    "tests/test_doctor.py",
+    "tests/test_benchmarks.py",
+}
+
+AWKWARD = {
+    "project_name": 'Ça va? L\'équipe "Quotes" \\ Ünïcode',
+    "author_name": 'O\'Brien "The Dev" Müller \\',
+    "description": 'Says "hi" and it\'s fine \\',
+}
+
+
+def files_of(project: Path) -> set[str]:
+    return {
+        str(p.relative_to(project))
+        for p in project.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and ".git" not in p.parts
+    }
+
+
+def test_default_bake_has_exactly_the_expected_files(bake):
+    project = bake()
+    assert project.name == "my-pytorch-project"
+    expected = {f.replace("PKG", "my_pytorch_project") for f in EXPECTED}
+    assert files_of(project) == expected
+
+
+def test_no_template_syntax_survives(bake):
+    project = bake(**AWKWARD)
+    for path in project.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="ignore")
+            assert not re.search(r"\{\{|\{%|\{#|cookiecutter\.(?!json)[a-z_]+", text), path
+
+
+@pytest.mark.parametrize("context", [{}, AWKWARD, {"project_name": "x", "package_name": "zz_top"}])
+def test_metadata_files_stay_valid_with_awkward_answers(bake, context):
+    project = bake(**context)
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    answers = json.loads((project / ".cookiecutter.json").read_text())
+    assert meta["name"] == answers["project_slug"]
+    assert meta["description"] == answers["description"]
+    assert meta["authors"][0]["name"] == answers["author_name"]
+    yaml.safe_load((project / "environment.yml").read_text())
+    for path in (project / "configs").rglob("*.yaml"):
+        yaml.safe_load(path.read_text())
+    pkg = project / answers["package_name"]
+    assert (pkg / "__init__.py").is_file()
+
+
+def test_slug_and_package_are_derived_from_the_name(bake):
+    project = bake(project_name="Ça va Model 2")
+    answers = json.loads((project / ".cookiecutter.json").read_text())
+    assert project.name == answers["project_slug"] == "ca-va-model-2"
+    assert answers["package_name"] == "ca_va_model_2"
+    assert (project / "ca_va_model_2" / "trainer.py").is_file()
+
+
+# Options that change files cross each other; the rest rotate so every value appears.
+MATRIX = [
+    {"license": "MIT", "python_version": "3.11", "compute": "auto"},
+    {"license": "BSD-3-Clause", "python_version": "3.10", "compute": "cpu"},
+    {"license": "Apache-2.0", "python_version": "3.12", "compute": "cu126"},
+    {"license": "none", "python_version": "3.13", "compute": "cu128"},
+    {"license": "MIT", "python_version": "3.12", "compute": "cu130", **AWKWARD},
+]
+
+
+@pytest.mark.parametrize("context", MATRIX, ids=lambda c: "-".join(list(c.values())[:3]))
+def test_option_matrix_is_lint_clean_and_parses(bake, context):
+    project = bake(**context)
+    for path in project.rglob("*.py"):
+        ast.parse(path.read_text(), filename=str(path))
+    for args in (["check", "."], ["format", "--check", "."]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ruff", *args], cwd=project, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    license_file = project / "LICENSE"
+    if context["license"] == "none":
+        assert not license_file.exists()
+    else:
+        assert context["license"].split("-")[0] in license_file.read_text()[:200].replace(" ", "-")
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["requires-python"] == f">={context['python_version']}"
+
+
+def test_every_path_named_by_readme_and_makefile_exists(bake):
+    project = bake()
+    text = (project / "README.md").read_text() + (project / "Makefile").read_text()
+    named = set(
+        re.findall(r"(?<![\w/.-])((?:scripts|configs|tests|data|checkpoints)/[\w./-]+\.\w+)", text)
+    )
+    named |= set(re.findall(r"(?<![\w/.-])(my_pytorch_project/[\w./-]+\.py)", text))
+    generated = {
+        "checkpoints/default/best.pt",
+        "checkpoints/default/last.pt",
+        "data/train.pt",
+        "data/val.pt",
+        "checkpoints/runs.csv",
+        "my_pytorch_project/data/my_data.py",  # the README's example of a new file
+    }
+    missing = sorted(p for p in named - generated if not (project / p).exists())
+    assert len(named) > 8 and not missing, missing
+
+
+def test_every_make_target_in_readme_exists(bake):
+    project = bake()
+    targets = set(re.findall(r"^([a-z-]+):", (project / "Makefile").read_text(), re.M))
+    used = set(re.findall(r"\bmake ([a-z][a-z-]*)", (project / "README.md").read_text()))
+    assert used and used <= targets, used - targets
+
+
+def test_answers_are_recorded_for_regeneration(bake):
+    project = bake(compute="cu128", license="Apache-2.0")
+    answers = json.loads((project / ".cookiecutter.json").read_text())
+    for key in defaults():
+        if not key.startswith("_"):
+            assert key in answers
+    assert answers["compute"] == "cu128" and answers["license"] == "Apache-2.0"
+
+
+@pytest.mark.slow
+def test_baked_project_passes_its_own_suite(bake):
+    """The generated tests, slow ones included, in the baked project (no install: PYTHONPATH)."""
+    project = bake(**AWKWARD)
+    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    tail = "\n".join(proc.stdout.splitlines()[-30:])
+    assert proc.returncode == 0, tail + proc.stderr[-2000:]
+    assert re.search(r"\d+ passed", tail)

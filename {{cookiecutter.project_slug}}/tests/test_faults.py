@@ -1,0 +1,160 @@
+"""Faults must not lose work: preemption signals, kill -9 during saves, corrupt checkpoints,
+checkpoints that do not fit, and fine-tuning from another run's weights."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_script
+
+from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
+
+
+def out_dir(tiny, name="default") -> Path:
+    return Path(load_config(None, tiny).run.output_dir) / name
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_one(tiny):
+    exact = [
+        *tiny,
+        "run.deterministic=true",
+        "data.train_size=2048",
+        "train.epochs=3",
+        "model.width=16",
+    ]
+    fit(load_config(None, [*exact, "run.name=straight"]))
+    expected = checkpoint.load(out_dir(tiny, "straight") / "last.pt")
+
+    args = [sys.executable, "scripts/train.py", *exact, "run.name=preempted"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    # Signal as soon as epoch 1 is saved: the run is then inside epoch 2 of 3.
+    deadline = time.monotonic() + 60
+    while not list(out_dir(tiny, "preempted").glob("step-*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=60) == EXIT_PREEMPTED, rest
+    assert "stopped (SIGTERM)" in rest
+    saved = checkpoint.load(out_dir(tiny, "preempted") / "last.pt")
+    total = expected["progress"]["step"]
+    assert 0 < saved["progress"]["step"] < total, "the signal should land mid-run"
+
+    resumed = run_script("scripts/train.py", *exact, "run.name=preempted", "train.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    final = checkpoint.load(out_dir(tiny, "preempted") / "last.pt")
+    assert final["progress"]["step"] == total
+    assert same_weights(final["model"], expected["model"])
+
+
+_SAVER = """
+import sys, torch
+from pathlib import Path
+from {{ cookiecutter.package_name }}.checkpoint import CheckpointManager
+manager = CheckpointManager(Path(sys.argv[1]), keep_last=2)
+state = {"model": {"w": torch.randn(1_000_000)}, "progress": {"step": 0}}
+step = 0
+while True:
+    step += 1
+    state["progress"]["step"] = step
+    manager.save(state, step, is_best=step % 3 == 0)
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_during_saves_never_leaves_an_unloadable_checkpoint(tmp_path):
+    folder = tmp_path / "run"
+    rng = random.Random(0)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    for _ in range(12):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SAVER, str(folder)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        proc.stdout.readline()  # at least one save completed; now kill at a random moment
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.kill()
+        proc.wait()
+        for path in [*folder.glob("step-*.pt"), folder / "last.pt", folder / "best.pt"]:
+            if path.exists():
+                state = checkpoint.load(path)  # raises if truncated
+                assert state["model"]["w"].numel() == 1_000_000
+        found = checkpoint.CheckpointManager(folder, 2).latest()
+        assert found is not None
+
+
+def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(tiny, capsys):
+    fit(load_config(None, [*tiny, "train.epochs=3", "train.keep_last=3"]))
+    steps = sorted(out_dir(tiny).glob("step-*.pt"))
+    newest = steps[-1]
+    previous_step = checkpoint.load(steps[-2])["progress"]["step"]
+    newest.write_bytes(newest.read_bytes()[:5000])  # truncated, as by a full disk
+    result = fit(load_config(None, [*tiny, "train.epochs=4", "train.resume=auto"]))
+    out = capsys.readouterr().out
+    assert f"skipping checkpoint '{newest}' is corrupt or truncated" in out
+    assert f"resumed at step {previous_step}" in out
+    assert result["epoch"] == 4
+    assert (newest.parent / (newest.name + ".bad")).exists()
+
+
+def test_resume_into_a_different_model_names_the_mismatch_and_writes_nothing(tmp_path, tiny):
+    fit(load_config(None, [*tiny, "train.epochs=1"]))
+    last = out_dir(tiny) / "last.pt"
+    before = last.read_bytes()
+    proc = run_script(
+        "scripts/train.py", *tiny, "model.width=16", "run.name=other", f"train.resume={last}"
+    )
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert "\n" not in line and "does not fit this model" in line
+    assert "shape: features.0.layers.0.weight (8, 3, 3, 3) vs (16, 3, 3, 3)" in line
+    assert last.read_bytes() == before and not out_dir(tiny, "other").exists()
+
+
+def test_pickled_code_in_a_checkpoint_is_refused_with_one_line(tmp_path, tiny):
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {}, "hook": os.system}, evil)  # would run code if unpickled freely
+    proc = run_script("scripts/train.py", *tiny, f"train.resume={evil}")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: checkpoint") and "pickled Python objects" in proc.stderr
+
+
+def test_init_from_loads_what_fits_and_keeps_a_new_head(tiny, capsys):
+    fit(load_config(None, tiny))
+    source = checkpoint.load(out_dir(tiny) / "best.pt")["model"]
+    fit(
+        load_config(
+            None,
+            [
+                *tiny,
+                "run.name=finetune",
+                "data.num_classes=3",
+                "train.max_steps=1",
+                f"train.init_from={out_dir(tiny) / 'best.pt'}",
+            ],
+        )
+    )
+    assert "new (not loaded): ['head.1.bias', 'head.1.weight']" in capsys.readouterr().out
+    first = checkpoint.load(out_dir(tiny, "finetune") / "last.pt")
+    assert first["model"]["head.1.weight"].shape[0] == 3
+    # One step of training later the backbone has moved, but it started from the source.
+    assert first["progress"]["step"] == 1
+    assert not torch.equal(first["model"]["head.1.weight"][:3], source["head.1.weight"][:3])

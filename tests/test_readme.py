@@ -1,0 +1,51 @@
+"""The template README is the truth: its set-up commands are the ones that work and CI runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TEMPLATE
+
+
+def setup_commands() -> list[str]:
+    readme = (TEMPLATE / "README.md").read_text()
+    block = re.search(r"## Set up\n+```bash\n(.*?)```", readme, re.S).group(1)
+    return [line for line in block.splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_has_exactly_two_setup_commands():
+    generate, test = setup_commands()
+    assert "cookiecutter --no-input" in generate
+    assert "pytest" in test
+
+
+def test_ci_runs_the_readmes_test_command():
+    _, test = setup_commands()
+    assert test in (TEMPLATE / ".ci" / "run").read_text().splitlines()
+
+
+def test_readmes_generate_command_bakes_the_defaults(tmp_path):
+    generate, _ = setup_commands()
+    install, bake = generate.split(" && ")
+    assert install == "pip install cookiecutter"
+    args = shlex.split(bake)
+    assert args[:3] == ["cookiecutter", "--no-input", "."]
+    # Run it from a copy-free place: the template is `.` as in a clone; output into tmp.
+    args[args.index("--output-dir") + 1] = str(tmp_path)
+    env = {**os.environ, "COOKIECUTTER_PYTORCH_SKIP_SETUP": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=TEMPLATE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    project = Path(tmp_path) / "my-pytorch-project"
+    assert (project / "my_pytorch_project" / "trainer.py").is_file()

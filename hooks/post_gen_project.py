@@ -1,0 +1,115 @@
+"""Finish the new project: drop unused files, first git commit, environment, smoke test.
+
+The environment and the smoke test are the job of the project's own scripts/create_env.py,
+the same code that `make env` runs; this hook calls it with this interpreter. Nothing here
+fails the generation: a failed step is reported with its log and the command to retry, and
+the project is kept. COOKIECUTTER_PYTORCH_SKIP_SETUP=1 skips git, environment and smoke test
+(for the CI of other tools and for `cruft update`, which re-runs hooks in a temporary copy).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Read once, as JSON in a raw string, so that quotes, backslashes and unicode in any answer cannot
+# break this file; before rendering the line is valid Python too.
+ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
+
+SKIP_ENV = "COOKIECUTTER_PYTORCH_SKIP_SETUP"
+COMMIT_MESSAGE = "Initial commit from cookiecutter-pytorch"
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def skip_setup(environ=os.environ) -> bool:
+    return environ.get(SKIP_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def remove_unused_files(answers: dict, project: Path) -> None:
+    """Files that only some answers need (the template renders them for every answer)."""
+    if answers.get("license") == "none":
+        (project / "LICENSE").unlink(missing_ok=True)
+
+
+def git_identity_args(answers: dict, project: Path) -> list[str]:
+    """`-c user.name=... -c user.email=...` for what git has no identity configured for."""
+    args = []
+    for key, answer in (("user.name", "author_name"), ("user.email", "author_email")):
+        found = subprocess.run(["git", "config", "--get", key], cwd=project, capture_output=True)
+        if found.returncode != 0:
+            args += ["-c", f"{key}={answers[answer]}"]
+    return args
+
+
+def git(*args: str, project: Path) -> str | None:
+    """Run git; None when it worked, else the last line it printed."""
+    result = subprocess.run(
+        ["git", *args], cwd=project, stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
+    if result.returncode == 0:
+        return None
+    return ((result.stderr or result.stdout).strip().splitlines() or ["no output"])[-1]
+
+
+def init_git(answers: dict, project: Path) -> bool:
+    """`git init` and a first commit of every generated file."""
+    if shutil.which("git") is None:
+        say("  git: not found; skipped (later: git init && git add -A && git commit)")
+        return True
+    print("  git init + first commit ...", end="", flush=True)
+    start = time.monotonic()
+    error = git("init", "-q", project=project)
+    if error is None:
+        identity = git_identity_args(answers, project)
+        error = git("add", "-A", project=project) or git(
+            *identity, "commit", "-q", "-m", COMMIT_MESSAGE, project=project
+        )
+    seconds = time.monotonic() - start
+    say(f" done ({seconds:.1f} s)" if error is None else f" FAILED ({seconds:.1f} s): {error}")
+    return error is None
+
+
+def setup_environment(answers: dict, project: Path) -> bool:
+    """scripts/create_env.py, plus the smoke test when asked; its own output is the report."""
+    cmd = [sys.executable, "scripts/create_env.py"]
+    if answers.get("run_smoke_test") == "yes":
+        cmd.append("--smoke")
+    try:
+        return subprocess.run(cmd, cwd=project, stdin=subprocess.DEVNULL).returncode == 0
+    except OSError as err:
+        say(f"  environment: could not run scripts/create_env.py: {err}")
+        return False
+
+
+def main() -> int:
+    project = Path.cwd()
+    remove_unused_files(ANSWERS, project)
+    if skip_setup():
+        say(f"cookiecutter-pytorch: {SKIP_ENV} is set: no git, environment or smoke test")
+        return 0
+    start = time.monotonic()
+    say(f"cookiecutter-pytorch: setting up {project}")
+    ok = True
+    if ANSWERS.get("init_git") == "yes":
+        ok = init_git(ANSWERS, project)
+    ok = setup_environment(ANSWERS, project) and ok
+    status = "ready" if ok else "project generated and kept, but setup had problems (above)"
+    say(f"cookiecutter-pytorch: {status} in {time.monotonic() - start:.1f} s")
+    log = project / "setup.log"
+    if not ok:
+        say("  the commands to retry are above" + (f"; full log: {log}" if log.exists() else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception as err:  # never let cookiecutter delete a generated project
+        say(f"cookiecutter-pytorch: setup stopped early ({type(err).__name__}: {err})")
+        sys.exit(0)

@@ -1,0 +1,145 @@
+"""Check the answers before cookiecutter writes any file; a bad answer stops generation.
+
+Each problem is one line that names the field, the value, what would be accepted and how to
+pass a fix on the command line. Cookiecutter has already created the (empty) project directory
+when this hook runs, and deletes it when the hook fails.
+"""
+
+import json
+import keyword
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# Read once, as JSON in a raw string, so that quotes, backslashes and unicode in any answer cannot
+# break this file; before rendering the line is valid Python too.
+ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
+
+PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+# Import names of the baked project's dependencies (requirements.txt and the dev extra): a
+# package of the same name would hide them.
+DEPENDENCIES = {"torch", "torchvision", "numpy", "yaml", "tqdm", "tensorboard", "pytest", "ruff"}
+# Names that clash with the project's own folders or read as something else on sys.path.
+GENERIC_NAMES = {"test", "tests", "data", "models", "utils", "scripts", "configs", "src"}
+
+SLUG_RULE = "lowercase letters, digits, '-', '_' and '.', starting with a letter or digit"
+PACKAGE_RULE = "a lowercase Python identifier (a-z, 0-9, '_'; not starting with a digit)"
+EMAIL_RE = re.compile(r"[^@\s\"'\\<>(),;:]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
+
+
+def check_slug(slug: str) -> str | None:
+    """Why `slug` is not a usable directory and distribution name, or None."""
+    if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", slug):
+        return None
+    return f"use {SLUG_RULE} (no '/', no spaces, no leading '.' or '-')"
+
+
+def check_package_name(name: str) -> str | None:
+    """Why `name` cannot be the import name of the package, or None."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        return f"use {PACKAGE_RULE}"
+    if keyword.iskeyword(name):
+        return "it is a Python keyword"
+    if name in sys.stdlib_module_names:
+        return f"it would shadow the standard library module '{name}'"
+    if name in DEPENDENCIES:
+        return f"it would shadow the project's dependency '{name}'"
+    if name in GENERIC_NAMES:
+        return "it is too generic: it would clash with a folder or module of the same name"
+    return None
+
+
+def check_email(email: str) -> str | None:
+    """Why `email` does not look like an e-mail address, or None (a shape check only)."""
+    return None if EMAIL_RE.fullmatch(email) else "use the shape name@example.com"
+
+
+def check_python_version(version: str) -> str | None:
+    """Why `version` is not a supported Python version, or None."""
+    return None if version in PYTHON_VERSIONS else f"use one of {', '.join(PYTHON_VERSIONS)}"
+
+
+def suggest(field: str, value: str) -> str:
+    """A value close to `value` that passes the check of `field`, for the error message."""
+    if field == "project_slug":
+        return re.sub(r"[^a-z0-9._-]+", "-", value.lower()).strip(".-_") or "my-project"
+    if field == "package_name":
+        name = re.sub(r"\W+", "_", value.lower(), flags=re.ASCII).strip("_") or "my_project"
+        name = f"pkg_{name}" if name[0].isdigit() else name
+        return name if check_package_name(name) is None else f"{name}_project"
+    if field == "python_version":
+        return "3.11"
+    return "you@example.com"
+
+
+CHECKS = {
+    "project_slug": check_slug,
+    "package_name": check_package_name,
+    "author_email": check_email,
+    "python_version": check_python_version,
+}
+
+
+def problems(answers: dict) -> list[str]:
+    """One line per bad answer: field, value, what is accepted and how to pass a fix."""
+    lines = []
+    slug = str(answers.get("project_slug", ""))
+    for field, check in CHECKS.items():
+        value = str(answers.get(field, ""))
+        if field == "package_name" and check_slug(slug) and value == slug.replace("-", "_"):
+            continue  # derived from the bad slug: it follows the fixed one
+        reason = check(value)
+        if reason is not None:
+            lines.append(
+                f"cookiecutter-pytorch: {field}={value!r} is not accepted: {reason}; "
+                f"pass a fix on the command line, e.g. {field}={suggest(field, value)}"
+            )
+    return lines
+
+
+def remove_empty_parents_later(project_dir: Path, output_dir: Path) -> None:
+    """Remove the folders that a slug like 'a/b' made above the project directory.
+
+    Cookiecutter deletes the project directory when this hook fails, but not the parents it
+    created for it. A detached helper waits until the project directory is gone, then removes
+    the parents that are empty, up to (not including) the output directory.
+    """
+    if output_dir not in project_dir.parents or any(project_dir.iterdir()):
+        return
+    parents = [str(p) for p in project_dir.parents if output_dir in p.parents]
+    if not parents:
+        return
+    helper = (
+        "import os, sys, time\n"
+        "deadline = time.monotonic() + 30\n"
+        "while os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "for parent in sys.argv[2:]:\n"
+        "    try:\n"
+        "        os.rmdir(parent)\n"
+        "    except OSError:\n"
+        "        break\n"
+    )
+    subprocess.Popen(
+        [sys.executable, "-c", helper, str(project_dir), *parents],
+        cwd=output_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def main() -> int:
+    lines = problems(ANSWERS)
+    for line in lines:
+        print(line, file=sys.stderr)
+    if lines and "_output_dir" in ANSWERS:
+        output_dir = Path(ANSWERS["_output_dir"]).resolve()
+        remove_empty_parents_later(Path.cwd().resolve(), output_dir)
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,13 @@
-"""Train a model.
+r"""Train a model.
 
     python scripts/train.py                                    # defaults (configs/default.yaml)
     python scripts/train.py --config configs/experiments/mlp_large_batch.yaml train.epochs=3
     python scripts/train.py run.name=baseline train.resume=auto    # continue after a stop
     torchrun --standalone --nproc_per_node=4 scripts/train.py       # 4 GPUs, one machine
+    # Several machines: this line on each (HEAD: the first one's address; same run id)
+    torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d --rdzv-endpoint=HEAD:29500 \
+        --rdzv-id=run1 scripts/train.py run.name=run1
+    sbatch scripts/slurm_train.sh run.name=run1                    # SLURM: nodes x GPUs, requeue
 
 Exit codes: 0 done, 2 bad input (one line says what to fix), 75 preempted (saved; rerun).
 """

@@ -112,12 +112,12 @@ def _smoke(root: Path, overrides: list[str]) -> str:
     with tempfile.TemporaryDirectory(prefix="smoke-") as tmp:
         common = [f"run.output_dir={tmp}", f"train.amp={amp}", *overrides]
         config = root / "configs" / "experiments" / "smoke.yaml"
+        cfg = load_config(config, common)  # bad overrides fail here, before any training
         first = fit(load_config(config, [*common, "train.epochs=1"]))
         second = fit(load_config(config, [*common, "train.resume=auto"]))
         steps_per_epoch = first["step"]
         if second["step"] <= first["step"] or second["epoch"] != first["epoch"] + 1:
             raise RuntimeError(f"resume did not continue from step {first['step']}: {second}")
-        cfg = load_config(config, common)
         metrics = evaluate_checkpoint(str(Path(tmp) / cfg.run.name / "best.pt"), common)
         if metrics is None or not metrics["loss"] < float("inf"):
             raise RuntimeError(f"evaluation gave no finite loss: {metrics}")

@@ -72,6 +72,14 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def sync_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics). DDP does so before each
+    training forward, but the last step leaves each rank with statistics of its own batch."""
+    if is_distributed():
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+
+
 def all_gather_object(obj) -> list:
     """Gather a picklable object from every rank (e.g. per-rank RNG states for a checkpoint)."""
     if not is_distributed():

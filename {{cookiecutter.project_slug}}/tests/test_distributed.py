@@ -1,0 +1,424 @@
+"""Distributed training on CPU with gloo, launched the way it runs on GPUs: torchrun on one
+machine and as two "nodes" on loopback, equivalence with one process, evaluation over uneven
+shards, resume across world sizes, and the SLURM script with srun/scontrol/scancel stubbed.
+
+Each torchrun launch costs a few seconds; the one-process reference run is shared.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, TINY
+
+from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.data.sampler import ShardedSampler
+from {{ cookiecutter.package_name }}.trainer import fit
+
+slow = pytest.mark.slow
+
+# Runs that must agree with one process: no dropout, deterministic kernels, lr not rescaled;
+# 97 validation samples are 49 + 48 on two ranks.
+EXACT = [*TINY, "model.name=mlp", "model.dropout=0", "run.deterministic=true", "data.val_size=97"]
+STEPS = 2 * 256 // 32  # TINY: 2 epochs of 256 samples at an effective batch of 32
+STANDALONE = ["--standalone", "--nproc_per_node=2"]
+
+# scripts/train.py that also lets the test see inside every rank.
+DUMP_RANKS = '''\
+"""scripts/train.py; each rank also saves its final weights and counts gradient all-reduces."""
+import os
+import sys
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from {{ cookiecutter.package_name }} import cli, trainer
+
+fit, DDP = trainer.fit, trainer.DistributedDataParallel
+allreduces = []
+
+
+class CountingDDP(DDP):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_comm_hook(None, self.count)
+
+    @staticmethod
+    def count(state, bucket):
+        allreduces.append(1)
+        return allreduce_hook(state, bucket)
+
+
+def fit_and_dump(cfg):
+    result = fit(cfg)
+    dump = {
+        "model": result["model"].state_dict(),
+        "step": result["step"],
+        "metrics": result["metrics"],
+        "allreduces": len(allreduces),
+        "seed": torch.initial_seed(),  # fit seeds each rank on its own
+    }
+    torch.save(dump, os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".pt"))
+    return result
+
+
+trainer.fit, trainer.DistributedDataParallel = fit_and_dump, CountingDDP
+raise SystemExit(cli.train_main(sys.argv[2:]))
+'''
+
+
+def child_env(**extra: str) -> dict:
+    """The test's environment without torchrun variables, one thread per process (2 cores)."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    path = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
+
+
+def torchrun(launch: list[str], script, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launch, str(script), *map(str, args)]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ranks(folder: Path) -> list[dict]:
+    return [torch.load(folder / f"rank{rank}.pt") for rank in range(2)]
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def assert_close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.fixture(scope="module")
+def dump_ranks(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("helper") / "dump_ranks.py"
+    path.write_text(DUMP_RANKS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    """The reference: one process, batch 32, two epochs."""
+    out = tmp_path_factory.mktemp("one")
+    result = fit(load_config(None, [*EXACT, "train.batch_size=32", f"run.output_dir={out}"]))
+    return {**result, "model": result["model"].state_dict()}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, dump_ranks) -> list[dict]:
+    """Two ranks, batch 16 each: what every rank ended with."""
+    out = tmp_path_factory.mktemp("two")
+    args = [*EXACT, "train.batch_size=16", f"run.output_dir={out / 'runs'}"]
+    proc = torchrun(STANDALONE, dump_ranks, out, *args)
+    assert "effective batch 32" in proc.stdout
+    dumps = ranks(out)
+    assert_same(dumps[0]["model"], checkpoint.load(out / "runs/default/last.pt")["model"])
+    return dumps
+
+
+@slow
+def test_train_script_under_torchrun_writes_one_run_folder(tmp_path):
+    out = tmp_path / "runs"
+    proc = torchrun(STANDALONE, "scripts/train.py", *TINY, f"run.output_dir={out}")
+    # Rank 0 alone prints, and writes the run folder, the checkpoints and the run summary.
+    assert proc.stdout.count("run default: cnn") == 1 and "cpu x 2" in proc.stdout
+    assert proc.stdout.count("epoch 2/2 |") == 1
+    assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
+    assert sorted(p.name for p in (out / "default").iterdir()) == [
+        "best.pt",
+        "config.yaml",
+        "last.pt",
+        "metrics.csv",
+        "step-00000008.pt",
+        "step-00000016.pt",
+    ]
+    assert len((out / "runs.csv").read_text().splitlines()) == 2
+    last = checkpoint.load(out / "default/last.pt")
+    assert last["progress"]["step"] == STEPS and last["meta"]["world_size"] == 2
+    assert len(last["rng"]) == 2  # each rank's RNG streams
+
+
+@slow
+def test_two_ranks_equal_one_process_with_twice_the_batch(two_ranks, one_process):
+    """Rank r reads positions r, r+2, ... of the same order and DDP averages the gradients,
+    so 2 x 16 takes the same steps as 1 x 32."""
+    rank0, rank1 = two_ranks
+    assert_same(rank0["model"], rank1["model"])
+    assert rank0["step"] == one_process["step"] == STEPS
+    assert_close(rank0["model"], one_process["model"])
+    assert (rank0["seed"], rank1["seed"]) == (42, 43)  # run.seed + rank
+    assert rank0["allreduces"] == STEPS  # one bucket per step: the model is tiny
+
+
+@slow
+def test_accumulation_all_reduces_on_the_last_micro_step_only(tmp_path, dump_ranks, one_process):
+    """2 ranks x 8 x 2 micro-steps == 1 x 32, with one gradient all-reduce per step."""
+    args = [*EXACT, "train.batch_size=8", "train.grad_accum_steps=2"]
+    proc = torchrun(STANDALONE, dump_ranks, tmp_path, *args, f"run.output_dir={tmp_path}")
+    assert "effective batch 32" in proc.stdout
+    rank0, rank1 = ranks(tmp_path)
+    assert rank0["allreduces"] == rank1["allreduces"] == STEPS  # not 2 x STEPS
+    assert_same(rank0["model"], rank1["model"])
+    assert_close(rank0["model"], one_process["model"])
+
+
+@slow
+def test_evaluation_counts_each_sample_once_over_uneven_shards(two_ranks, one_process):
+    expected = one_process["metrics"]
+    for rank in two_ranks:
+        assert rank["metrics"]["count"] == expected["count"] == 97
+        assert rank["metrics"]["acc"] == expected["acc"]
+        assert rank["metrics"]["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_evaluation_shards_hold_each_sample_once(world):
+    shards = [list(ShardedSampler(97, r, world, shuffle=False, even=False)) for r in range(world)]
+    assert sorted(i for shard in shards for i in shard) == list(range(97))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.parametrize("size", [256, 97])
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("start", [0, 40])
+def test_ranks_read_interleaved_positions_of_one_order(size, world, start):
+    """Together the ranks read the one-process order, from any start: a batch of B on W ranks
+    is a batch of W x B on one process, and a mid-epoch resume works on any world size."""
+    one = ShardedSampler(size, seed=5)
+    one.set_epoch(3, start=start)
+    shards = []
+    for rank in range(world):
+        sampler = ShardedSampler(size, rank, world, seed=5)
+        sampler.set_epoch(3, start=start)
+        shards.append(list(sampler))
+    assert len({len(shard) for shard in shards}) == 1  # every rank steps as often
+    merged = [shards[p % world][p // world] for p in range(world * len(shards[0]))]
+    order = list(one)
+    assert merged[: len(order)] == order[: len(merged)]
+    assert len(merged) - len(order) < world  # padding only fills the last row
+
+
+@slow
+def test_two_nodes_on_loopback_finish_one_run(tmp_path, dump_ranks):
+    out, port = tmp_path / "runs", free_port()
+    logs, procs = [tmp_path / f"node{n}.log" for n in (0, 1)], []
+    try:
+        for node, log in enumerate(logs):
+            launch = [
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc_per_node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=two-nodes",
+            ]
+            cmd = [sys.executable, "-m", "torch.distributed.run", *launch, str(dump_ranks)]
+            with log.open("w") as f:
+                procs.append(
+                    subprocess.Popen(
+                        [*cmd, str(tmp_path), *TINY, f"run.output_dir={out}"],
+                        cwd=ROOT,
+                        env=child_env(),
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        codes = [proc.wait(timeout=180) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    text = "\n".join(log.read_text() for log in logs)
+    assert codes == [0, 0], text[-4000:]
+    assert text.count("run default: cnn") == 1 and "cpu x 2" in text
+    assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
+    rank0, rank1 = ranks(tmp_path)
+    assert_same(rank0["model"], rank1["model"])  # BatchNorm statistics too
+    assert_same(rank0["model"], checkpoint.load(out / "default/last.pt")["model"])
+
+
+@slow
+def test_two_rank_checkpoint_resumes_in_one_process(tmp_path, dump_ranks, one_process):
+    out = f"run.output_dir={tmp_path / 'runs'}"
+    two = [*EXACT, "train.batch_size=16", out]
+    torchrun(STANDALONE, dump_ranks, tmp_path, *two, "train.max_steps=5")
+    saved = checkpoint.load(tmp_path / "runs/default/last.pt")
+    assert saved["progress"]["step"] == 5 and saved["progress"]["epoch_samples"] == 5 * 32
+    assert saved["meta"]["world_size"] == 2
+    # The same effective batch on one process continues the run exactly.
+    result = fit(load_config(None, [*EXACT, "train.batch_size=32", "train.resume=auto", out]))
+    assert result["step"] == STEPS and result["epoch"] == 2
+    assert_close(result["model"].state_dict(), one_process["model"])
+
+
+@slow
+def test_one_process_checkpoint_resumes_on_two_ranks(tmp_path, dump_ranks):
+    args = [*EXACT, "train.batch_size=16", f"run.output_dir={tmp_path / 'runs'}"]
+    first = fit(load_config(None, [*args, "train.max_steps=5"]))
+    assert first["step"] == 5  # effective batch 16: 16 steps per epoch
+    # The same batch per rank on two ranks: effective batch 32 from the sample where it stopped.
+    proc = torchrun(STANDALONE, dump_ranks, tmp_path, *args, "train.resume=auto")
+    assert "resumed at step 5" in proc.stdout and "effective batch was 16" in proc.stdout
+    rest_of_epoch = (256 - 5 * 16) // 32
+    rank0, rank1 = ranks(tmp_path)
+    assert rank0["step"] == rank1["step"] == 5 + rest_of_epoch + 256 // 32
+    assert checkpoint.load(tmp_path / "runs/default/last.pt")["progress"]["step"] == rank0["step"]
+    assert_same(rank0["model"], rank1["model"])
+
+
+# Stand-ins for SLURM's commands: each records its arguments in $STUB_LOG.
+STUBS = {
+    "srun": """#!/bin/bash
+echo "srun $*" >> "$STUB_LOG"
+while [[ $1 == -* ]]; do shift; done
+echo $$ > "$STUB_DIR/srun.pid"
+if [[ -n ${STUB_EXEC:-} ]]; then exec "$@"; fi
+""",
+    "scontrol": """#!/bin/bash
+echo "scontrol $*" >> "$STUB_LOG"
+if [[ $1 == show ]]; then printf '%s\\n' $STUB_HOSTS; fi
+""",
+    # Real scancel signals every process of the job step; here torchrun passes SIGTERM on.
+    "scancel": """#!/bin/bash
+echo "scancel $*" >> "$STUB_LOG"
+kill -TERM "$(cat "$STUB_DIR/srun.pid")"
+""",
+    "torchrun": """#!/bin/bash
+exec "$PYTHON" -m torch.distributed.run "$@"
+""",
+}
+
+
+@pytest.fixture
+def slurm(tmp_path) -> dict:
+    """Environment of a 2-node job of 4 GPUs each, with the SLURM commands stubbed."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, text in STUBS.items():
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    return child_env(
+        PATH=f"{stubs}{os.pathsep}{os.environ['PATH']}",
+        PYTHON=sys.executable,
+        STUB_DIR=str(tmp_path),
+        STUB_LOG=str(tmp_path / "calls.log"),
+        STUB_HOSTS="node-1 node-2",
+        SLURM_JOB_ID="4242",
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="node-[1-2]",
+        SLURM_GPUS_ON_NODE="4",
+        SLURM_CPUS_PER_TASK="32",
+        SLURM_SUBMIT_DIR=str(ROOT),
+    )
+
+
+def sbatch_script(env: dict, *args: str, **popen) -> subprocess.Popen:
+    """Run the batch script as sbatch would on the first node."""
+    return subprocess.Popen(
+        ["bash", "scripts/slurm_train.sh", *args], cwd=ROOT, env=env, text=True, **popen
+    )
+
+
+def test_slurm_script_parses_and_passes_shellcheck():
+    assert subprocess.run(["bash", "-n", "scripts/slurm_train.sh"], cwd=ROOT).returncode == 0
+    header = (ROOT / "scripts/slurm_train.sh").read_text()
+    for option in ("--nodes=", "--gpus-per-node=", "--time=", "--signal=B:USR1@120", "--requeue"):
+        assert f"#SBATCH {option}" in header
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed")
+    proc = subprocess.run(["shellcheck", "scripts/slurm_train.sh"], cwd=ROOT, capture_output=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_slurm_script_runs_torchrun_once_per_node_with_c10d(slurm):
+    job = sbatch_script(slurm, "run.name=big", "train.epochs=3", stdout=subprocess.PIPE)
+    assert job.wait(timeout=30) == 0
+    calls = Path(slurm["STUB_LOG"]).read_text().splitlines()
+    assert calls == [
+        "scontrol show hostnames node-[1-2]",
+        "srun --cpus-per-task=32 torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d "
+        "--rdzv-endpoint=node-1:29500 --rdzv-id=4242 scripts/train.py run.name=big "
+        "train.epochs=3 train.resume=auto",
+    ]
+
+
+def test_slurm_script_refuses_to_run_outside_the_project(slurm, tmp_path):
+    job = sbatch_script({**slurm, "SLURM_SUBMIT_DIR": str(tmp_path)}, stderr=subprocess.PIPE)
+    assert job.wait(timeout=30) == 2
+    assert "submit from the project root" in job.stderr.read()
+
+
+@slow
+def test_slurm_time_limit_saves_requeues_and_the_requeued_job_resumes(slurm, tmp_path):
+    """USR1 (sent 120 s before the time limit) -> SIGTERM to torchrun and its workers -> they
+    save and exit -> scontrol requeue; the requeued job resumes from that checkpoint."""
+    out = tmp_path / "runs"
+    env = {
+        **slurm,
+        "SLURM_NNODES": "1",
+        "SLURM_GPUS_ON_NODE": "2",
+        "STUB_HOSTS": "127.0.0.1",
+        "STUB_EXEC": "1",
+        "RDZV_PORT": str(free_port()),
+    }
+    args = [*TINY, "train.epochs=200", "run.log_every=1", "run.name=job", f"run.output_dir={out}"]
+    log = tmp_path / "job.log"
+    with log.open("w") as f:
+        job = sbatch_script(env, *args, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        # After the first epoch every rank is in the loop, its signal handlers installed.
+        while not (out / "job/metrics.csv").exists():
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.05)
+        job.send_signal(signal.SIGUSR1)
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    text = log.read_text()
+    step = checkpoint.load(out / "job/last.pt")["progress"]["step"]
+    assert 0 < step < 200 * 8 and f"stopped (SIGTERM) at step {step}" in text, text[-4000:]
+    calls = Path(env["STUB_LOG"]).read_text().splitlines()
+    assert calls[-2:] == ["scancel --signal=TERM 4242", "scontrol requeue 4242"]
+
+    # The requeued job: the same script and arguments (plus a step limit to end the test).
+    with log.open("w") as f:
+        job = sbatch_script(
+            {**env, "SLURM_RESTART_COUNT": "1"},
+            *args,
+            f"train.max_steps={step + 2}",
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+        assert job.wait(timeout=120) == 0, log.read_text()[-4000:]
+    assert f"resumed at step {step}" in log.read_text()
+    assert checkpoint.load(out / "job/last.pt")["progress"]["step"] == step + 2
+    assert Path(env["STUB_LOG"]).read_text().count("requeue") == 1

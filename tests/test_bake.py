@@ -63,7 +63,8 @@ EXPECTED = {
     "tests/test_faults.py",
     "tests/test_distributed.py",
     "tests/test_doctor.py",
-    "tests/test_benchmarks.py", "tests/test_cuda.py",
+    "tests/test_benchmarks.py",
+    "tests/test_cuda.py",
 }
 
 AWKWARD = {

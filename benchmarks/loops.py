@@ -126,7 +126,7 @@ def lightning(spec: dict) -> dict:
     config = importlib.import_module(f"{pkg}.config")
     data = importlib.import_module(f"{pkg}.data")
     models = importlib.import_module(f"{pkg}.models")
-    trainer_mod = importlib.import_module(f"{pkg}.trainer")
+    optim = importlib.import_module(f"{pkg}.optim")
     MARKS["imports_done"] = time.time()
 
     cfg = config.load_config(None, spec["overrides"])
@@ -152,9 +152,9 @@ def lightning(spec: dict) -> dict:
 
         def configure_optimizers(self):
             # The project's optimizer (same groups, fused as in the trainer) and schedule.
-            optimizer = trainer_mod.build_optimizer(self.model, cfg.train, cfg.train.lr, True)
+            optimizer = optim.build_optimizer(self.model, cfg.train, cfg.train.lr, True)
             total = steps * cfg.train.epochs
-            scheduler = trainer_mod.build_scheduler(optimizer, cfg.train, total)
+            scheduler = optim.build_scheduler(optimizer, cfg.train, total)
             schedule = {"scheduler": scheduler, "interval": "step"}
             return {"optimizer": optimizer, "lr_scheduler": schedule}
 

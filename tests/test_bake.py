@@ -45,6 +45,8 @@ EXPECTED = {
     "PKG/distributed.py",
     "PKG/errors.py",
     "PKG/trainer.py",
+    "PKG/optim.py",
+    "PKG/utils/signals.py",
     "PKG/data/__init__.py",
     "PKG/data/sampler.py",
     "PKG/data/synthetic.py",

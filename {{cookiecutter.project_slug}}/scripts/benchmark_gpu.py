@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from {{ cookiecutter.package_name }} import config, data, errors, models, trainer
+from {{ cookiecutter.package_name }} import config, data, errors, models, optim
 from {{ cookiecutter.package_name }}.utils.device import configure_backends, resolve_device
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s with fp32 accumulation, from the vendor's
@@ -80,7 +80,7 @@ def run_variant(cfg, shape, classes, device, dtype: str, compiled: bool, args) -
     memory_format = torch.channels_last if cfg.train.channels_last else torch.preserve_format
     model.to(device, memory_format=memory_format).train()
     fused = device.type in ("cuda", "cpu")
-    optimizer = trainer.build_optimizer(model, cfg.train, cfg.train.lr, fused=fused)
+    optimizer = optim.build_optimizer(model, cfg.train, cfg.train.lr, fused=fused)
     batch = cfg.train.batch_size
     x = torch.randn(batch, *shape, device=device)
     if cfg.train.channels_last and x.dim() == 4:

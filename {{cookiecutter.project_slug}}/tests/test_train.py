@@ -48,21 +48,19 @@ def test_resume_continues_from_the_saved_step_with_identical_optimizer_state(tin
     fit(load_config(None, [*tiny, "train.epochs=1"]))
     saved = checkpoint.load(f"{run_dir(tiny)}/last.pt")
 
-    import {{ cookiecutter.package_name }}.trainer as trainer
-
     seen = {}
-    original = trainer.restore
+    original = checkpoint.restore_training_state
 
-    def spy(state, model, optimizer, *rest):
-        original(state, model, optimizer, *rest)
+    def spy(state, model, optimizer, scheduler, scaler, progress, *rest):
+        original(state, model, optimizer, scheduler, scaler, progress, *rest)
         seen["optimizer"] = copy.deepcopy(optimizer.state_dict())  # training mutates it
-        seen["step"] = rest[-2].step
+        seen["step"] = progress.step
 
-    trainer.restore = spy
+    checkpoint.restore_training_state = spy
     try:
         result = fit(load_config(None, [*tiny, "train.epochs=2", "train.resume=auto"]))
     finally:
-        trainer.restore = original
+        checkpoint.restore_training_state = original
     assert seen["step"] == saved["progress"]["step"]
     for a, b in zip(
         seen["optimizer"]["state"].values(), saved["optimizer"]["state"].values(), strict=True

@@ -1,22 +1,134 @@
-"""Crash-safe checkpoints: atomic writes, keep-last-k, safe loading, clear errors.
+"""Checkpoints: what they hold, crash-safe writing, keep-last-k, safe loading, clear errors.
 
-Layout of a run folder: step-00001234.pt (the newest `keep_last`), last.pt and best.pt (hard
-links to a step file, so they cost no space), config.yaml, metrics.csv, tb/.
+A checkpoint holds the model, optimizer, scheduler and scaler states, the Progress (epoch,
+step, position inside the epoch, best metric), every rank's RNG streams, the resolved config
+and metadata (torch version, git commit, world size). A run folder holds step-00001234.pt
+(the newest `keep_last`), last.pt and best.pt (hard links to a step file, so they cost no
+space), config.yaml, metrics.csv and tb/.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
+from .utils.seed import set_rng_state
 
 PREFIXES = ("module.", "_orig_mod.")  # added by DistributedDataParallel and torch.compile
+
+
+@dataclass
+class Progress:
+    """Where the run stands; saved in every checkpoint."""
+
+    epoch: int = 0  # the epoch in progress (or the next to start)
+    step: int = 0  # optimizer steps taken in total
+    epoch_samples: int = 0  # samples of this epoch's (global) order already trained on
+    best: float | None = None  # best validation value of train.best_metric so far
+
+    def improves(self, value: float, mode: str) -> bool:
+        """Record `value` as the best if it is; True when it is."""
+        better = self.best is None or (value > self.best if mode == "max" else value < self.best)
+        if better:
+            self.best = value
+        return better
+
+
+def training_state(
+    model,
+    optimizer,
+    scheduler,
+    scaler,
+    progress: Progress,
+    config: dict,
+    rngs: list,
+    world_size: int,
+) -> dict:
+    """Everything needed to continue as if never stopped (tensors and plain containers only)."""
+    return {
+        "model": model.state_dict(),  # the plain module: no module./_orig_mod. prefixes
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "progress": asdict(progress),
+        "rng": rngs,  # one entry per rank
+        "config": config,
+        "meta": {
+            "torch": str(torch.__version__),
+            "git_commit": _git_commit(),
+            "world_size": world_size,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    }
+
+
+def restore_training_state(
+    state: dict,
+    model,
+    optimizer,
+    scheduler,
+    scaler,
+    progress: Progress,
+    rank: int,
+    world_size: int,
+) -> None:
+    load_model_state(model, state["model"], "resume")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    for key, value in state["progress"].items():
+        setattr(progress, key, value)
+    rngs = state.get("rng", [])
+    # Exact continuation needs this rank's own RNG streams; on another world size the ranks
+    # keep their fresh seeds (the data order still resumes exactly, see data/sampler.py).
+    if len(rngs) == world_size:
+        set_rng_state(rngs[rank])
+
+
+def find_resume_state(
+    resume: str, run_name: str, ckpts: CheckpointManager, device, is_main: bool
+) -> dict | None:
+    """The state to continue from, per train.resume; refuses to overwrite an existing run."""
+    if resume == "auto":
+        found = ckpts.latest(
+            map_location=device, warn=print if is_main else _quiet, quarantine=is_main
+        )
+        if found is None:
+            if is_main:
+                print(f"train.resume=auto: no checkpoint in {ckpts.run_dir}, starting fresh")
+            return None
+        return found[0]
+    if resume:
+        return load(resume, map_location=device)
+    if (ckpts.run_dir / "config.yaml").exists() or ckpts.step_files():
+        raise ConfigError(
+            f"run {run_name!r} already exists in {ckpts.run_dir}; continue it with "
+            "train.resume=auto, or start a new one with run.name=<new name>"
+        )
+    return None
+
+
+def note_batch_change(state: dict, effective_batch: int) -> None:
+    """Resuming on another number of ranks continues exactly when the effective batch stays."""
+    train, ranks = state["config"]["train"], state["meta"]["world_size"]
+    saved = train["batch_size"] * train["grad_accum_steps"] * ranks
+    if saved != effective_batch:
+        print(
+            f"note: the checkpoint's effective batch was {saved} ({ranks} ranks), now "
+            f"{effective_batch}: the data resumes at the same sample, the lr schedule at the "
+            f"same step; keep train.batch_size x train.grad_accum_steps x ranks = {saved} to "
+            "continue exactly"
+        )
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -176,6 +288,21 @@ def _mismatches(own: dict, theirs: dict) -> str:
             more = f" and {len(items) - 3} more" if len(items) > 3 else ""
             parts.append(f"{label}: {', '.join(items[:3])}{more}")
     return "; ".join(parts)
+
+
+@functools.cache  # once per run: the code that runs is the code at start, and git costs ~5 ms
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _quiet(*args) -> None:
+    pass
 
 
 def _first_line(exc: Exception) -> str:

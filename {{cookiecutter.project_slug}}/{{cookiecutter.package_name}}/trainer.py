@@ -8,12 +8,9 @@ per GPU (or CPU slot) with DistributedDataParallel; see README.md for the launch
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import signal
-import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,13 +20,17 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from . import checkpoint, distributed
-from .config import Config, TrainConfig, save_config, to_dict
+from .checkpoint import Progress
+from .config import Config, save_config, to_dict
 from .data import build_dataset, build_loader
+from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
+from .optim import build_optimizer, build_scheduler, scaled_lr
 from .utils.device import AMP_DTYPES, check_amp, configure_backends, peak_memory_mb, to_device
 from .utils.logger import MetricLogger, append_run_summary
-from .utils.seed import rng_state, seed_everything, set_rng_state
+from .utils.seed import rng_state, seed_everything
+from .utils.signals import StopSignal
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after saving; run again to resume
 
@@ -39,13 +40,23 @@ class NonFiniteLoss(UserError):
 
 
 @dataclass
-class Progress:
-    """Where the run stands; saved in every checkpoint."""
+class Loop:
+    """What the epoch loop works on; built once by fit()."""
 
-    epoch: int = 0  # the epoch in progress (or the next to start)
-    step: int = 0  # optimizer steps taken in total
-    epoch_samples: int = 0  # samples of this epoch's (global) order already trained on
-    best: float | None = None  # best validation value of train.best_metric so far
+    cfg: Config
+    dist: DistInfo
+    device: torch.device
+    model: nn.Module  # the plain module: what is saved and evaluated
+    ddp: nn.Module  # `model` inside DistributedDataParallel when distributed, else `model`
+    net: nn.Module  # what the forward pass calls: `ddp`, compiled when train.compile
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    progress: Progress
+    steps_per_epoch: int
+    effective_batch: int  # batch_size x grad_accum_steps x ranks: samples per optimizer step
+    log: MetricLogger
+    stop: StopSignal
 
 
 def fit(cfg: Config) -> dict:
@@ -97,12 +108,9 @@ def fit(cfg: Config) -> dict:
         memory_format = torch.channels_last if cfg.train.channels_last else torch.preserve_format
         model.to(device, memory_format=memory_format)
 
-        # Optimizer and schedule: per-step warm-up then cosine, from torch.optim.lr_scheduler.
+        # Optimizer and schedule (optim.py): AdamW, per-step warm-up then cosine.
         lr = scaled_lr(cfg.train, effective_batch)
-        # Fused AdamW (one kernel for all parameters) is ~4x faster than the default per-tensor
-        # loop on CPU too; other devices keep torch's default.
-        fused = device.type in ("cuda", "cpu")
-        optimizer = build_optimizer(model, cfg.train, lr, fused=fused)
+        optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))
         scheduler = build_scheduler(optimizer, cfg.train, steps_per_epoch * cfg.train.epochs)
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
         progress = Progress()
@@ -110,18 +118,22 @@ def fit(cfg: Config) -> dict:
         # Resume: continue this run exactly, or refuse to overwrite a run that exists.
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
         ckpts = checkpoint.CheckpointManager(run_dir, cfg.train.keep_last)
-        state = find_resume_state(cfg, ckpts, device, dist.is_main)
+        state = checkpoint.find_resume_state(
+            cfg.train.resume, cfg.run.name, ckpts, device, dist.is_main
+        )
         if state is not None:
-            restore(state, model, optimizer, scheduler, scaler, progress, dist.rank)
+            checkpoint.restore_training_state(
+                state, model, optimizer, scheduler, scaler, progress, dist.rank, dist.world_size
+            )
             if dist.is_main:
-                note_batch_change(state, effective_batch)
+                checkpoint.note_batch_change(state, effective_batch)
         distributed.barrier()  # every rank has checked and loaded before rank 0 writes
 
-        ddp = (
-            DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-            if dist.world_size > 1
-            else model
-        )
+        ddp = model
+        if dist.world_size > 1:
+            ddp = DistributedDataParallel(
+                model, device_ids=[device] if device.type == "cuda" else None
+            )
         net = torch.compile(ddp) if cfg.train.compile else ddp
 
         if dist.is_main:
@@ -136,81 +148,56 @@ def fit(cfg: Config) -> dict:
                 f"lr {lr:.2e} | {steps_per_epoch} steps/epoch"
                 + (f" | resumed at step {progress.step}" if state else "")
             )
+        loop = Loop(
+            cfg,
+            dist,
+            device,
+            model,
+            ddp,
+            net,
+            optimizer,
+            scheduler,
+            scaler,
+            progress,
+            steps_per_epoch,
+            effective_batch,
+            log,
+            stop,
+        )
 
+        # The loop: train an epoch, validate, checkpoint; a stop mid-epoch saves its position.
         stop.install()
-        metrics: dict = {}
-        stopped, finished = None, True
+        metrics, stopped, finished = {}, None, True
         for epoch in range(progress.epoch, cfg.train.epochs):
             progress.epoch = epoch
             train_loader.sampler.set_epoch(epoch, start=progress.epoch_samples)
             start = time.perf_counter()
-            train_stats, stopped, finished = train_one_epoch(
-                net,
-                ddp,
-                train_loader,
-                optimizer,
-                scheduler,
-                scaler,
-                progress,
-                cfg,
-                device,
-                steps_per_epoch,
-                effective_batch,
-                stop,
-                log,
-                dist.is_main,
-            )
+            stats, stopped, finished = train_one_epoch(loop, train_loader)
             if not finished:
-                break  # mid-epoch stop: saved below with the position inside the epoch
+                break
             train_time = time.perf_counter() - start
             distributed.sync_buffers(model)  # every rank evaluates the BatchNorm stats it saves
             metrics = evaluate(model, val_loader, device, cfg.train.amp)
             progress.epoch, progress.epoch_samples = epoch + 1, 0
-            value = metrics[cfg.train.best_metric]
-            is_best = progress.best is None or (
-                value > progress.best if cfg.train.best_mode == "max" else value < progress.best
-            )
-            if is_best:
-                progress.best = value
-            save(ckpts, model, optimizer, scheduler, scaler, progress, cfg, dist, is_best)
-            row = {
-                "epoch": epoch + 1,
-                "step": progress.step,
-                "train/loss": train_stats["loss"],
-                "val/loss": metrics["loss"],
-                "val/acc": metrics["acc"],
-                "lr": scheduler.get_last_lr()[0],
-                "time/train_s": train_time,
-                "throughput/samples_per_s": train_stats["samples"] / train_time,
-                "memory/peak_mb": peak_memory_mb(device),
-            }
-            log.epoch(row)
-            if dist.is_main:
-                tqdm.write(
-                    f"epoch {epoch + 1}/{cfg.train.epochs} | train loss {row['train/loss']:.4f} | "
-                    f"val loss {metrics['loss']:.4f} acc {metrics['acc']:.4f}"
-                    f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
-                    f"{row['throughput/samples_per_s']:.0f} samples/s | "
-                    f"peak mem {row['memory/peak_mb']:.0f} MB"
-                )
+            is_best = progress.improves(metrics[cfg.train.best_metric], cfg.train.best_mode)
+            save(loop, ckpts, is_best)
+            report_epoch(loop, stats, metrics, train_time, is_best)
             if stopped:
                 break
         if stopped and not finished:
-            save(ckpts, model, optimizer, scheduler, scaler, progress, cfg, dist, is_best=False)
+            save(loop, ckpts, is_best=False)
             if dist.is_main:
                 print(f"stopped ({stopped}) at step {progress.step}; saved {run_dir / 'last.pt'}")
-        elif dist.is_main:
-            append_run_summary(
-                Path(cfg.run.output_dir),
-                {
-                    "run": cfg.run.name,
-                    "model": cfg.model.name,
-                    "epochs": progress.epoch,
-                    "steps": progress.step,
-                    f"best_val_{cfg.train.best_metric}": progress.best,
-                    **{f"val_{k}": v for k, v in metrics.items()},
-                },
-            )
+        elif progress.epoch >= cfg.train.epochs and dist.is_main:
+            summary = {
+                "run": cfg.run.name,
+                "model": cfg.model.name,
+                "epochs": progress.epoch,
+                "steps": progress.step,
+                f"best_val_{cfg.train.best_metric}": progress.best,
+                **{f"val_{k}": v for k, v in metrics.items()},
+            }
+            append_run_summary(Path(cfg.run.output_dir), summary)
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
         distributed.barrier()
@@ -220,7 +207,7 @@ def fit(cfg: Config) -> dict:
             "epoch": progress.epoch,
             "best": progress.best,
             "stopped": stopped,
-            "model": model,  # the trained plain module (this rank's copy)
+            "model": model,
         }
     finally:
         stop.restore()
@@ -228,29 +215,15 @@ def fit(cfg: Config) -> dict:
         distributed.teardown()
 
 
-def train_one_epoch(
-    net,
-    ddp,
-    loader,
-    optimizer,
-    scheduler,
-    scaler,
-    progress: Progress,
-    cfg: Config,
-    device,
-    steps_per_epoch: int,
-    effective_batch: int,
-    stop: StopSignal,
-    log: MetricLogger,
-    is_main: bool,
-):
+def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:
     """Train to the end of the epoch or until a stop is due (signal, train.max_steps).
 
     Returns (stats, stop reason or None, whether the epoch ran to its end)."""
-    net.train()
+    cfg, progress, device = loop.cfg, loop.progress, loop.device
+    loop.net.train()
     accum = cfg.train.grad_accum_steps
-    done = progress.epoch_samples // effective_batch  # steps already taken this epoch (resume)
-    steps_left = min(steps_per_epoch - done, len(loader) // accum)
+    done = progress.epoch_samples // loop.effective_batch  # steps this epoch before a resume
+    steps_left = min(loop.steps_per_epoch - done, len(loader) // accum)
     batches = iter(loader)
     amp = cfg.train.amp
     autocast = torch.autocast(device.type, AMP_DTYPES.get(amp), enabled=amp != "off")
@@ -258,15 +231,15 @@ def train_one_epoch(
     # .tolist()) waits for the GPU, so it happens only every run.log_every steps; collecting
     # them launches no kernel per step.
     losses: list[torch.Tensor] = []
-    params = list(net.parameters())  # walked once: the module tree costs ~50 us per walk
+    params = list(loop.net.parameters())  # walked once: the module tree costs ~50 us a walk
     since_log, epoch_loss, epoch_steps, stopped = 0, 0.0, 0, None
     bar = tqdm(
-        total=steps_per_epoch,
+        total=loop.steps_per_epoch,
         initial=done,
-        disable=None if is_main else True,
-        desc=f"epoch {progress.epoch + 1}/{cfg.train.epochs}",
         leave=False,
         dynamic_ncols=True,
+        disable=None if loop.dist.is_main else True,
+        desc=f"epoch {progress.epoch + 1}/{cfg.train.epochs}",
     )
     i = steps_left - 1  # a resumed epoch may have nothing left to do
     for i in range(steps_left):
@@ -275,21 +248,21 @@ def train_one_epoch(
             if cfg.train.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             # Under DDP, all-reduce gradients only on the last micro-step of an accumulation.
-            skip_sync = micro < accum - 1 and isinstance(ddp, DistributedDataParallel)
-            with ddp.no_sync() if skip_sync else contextlib.nullcontext():
+            skip_sync = micro < accum - 1 and isinstance(loop.ddp, DistributedDataParallel)
+            with loop.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with autocast:
-                    loss = F.cross_entropy(net(x), y)
+                    loss = F.cross_entropy(loop.net(x), y)
                 # Divide so the accumulated gradient is the mean over the effective batch.
-                scaler.scale(loss / accum).backward()
+                loop.scaler.scale(loss / accum).backward()
             losses.append(loss.detach())
-        scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
+        loop.scaler.unscale_(loop.optimizer)  # clip the true gradients, not fp16-scaled ones
         grad_norm = nn.utils.clip_grad_norm_(params, cfg.train.grad_clip or math.inf)
-        scaler.step(optimizer)  # skipped when fp16 gradients overflowed (not an error)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        loop.scaler.step(loop.optimizer)  # skipped when fp16 gradients overflowed (no error)
+        loop.scaler.update()
+        loop.optimizer.zero_grad(set_to_none=True)
+        loop.scheduler.step()
         progress.step += 1
-        progress.epoch_samples += effective_batch
+        progress.epoch_samples += loop.effective_batch
         since_log += 1
         bar.update()
 
@@ -297,42 +270,50 @@ def train_one_epoch(
         at_limit = 0 < cfg.train.max_steps <= progress.step
         # Every rank must reach the collective below at the same step, so a signal (seen by
         # one rank first) only cuts the interval short in a single process.
-        local_stop = stop.requested and not distributed.is_distributed()
+        local_stop = loop.stop.requested and not distributed.is_distributed()
         if progress.step % cfg.run.log_every == 0 or last or at_limit or local_stop:
-            # Each step's mean loss since the last log, and the first step that was not finite.
-            step_losses = torch.stack(losses).view(since_log, accum).mean(1)
-            bad = ~torch.isfinite(step_losses)
-            first = bad.float().argmax() + (progress.step - since_log + 1)
-            first_bad = torch.where(bad.any(), first, -1).float()
-            # One small collective carries everything the ranks must agree on.
-            asked = torch.tensor(float(stop.requested), device=device)
-            flags = distributed.all_reduce_max(torch.stack([first_bad, asked]))
-            total = distributed.all_reduce_sum(step_losses.sum())
-            bad_step, any_stop = flags.tolist()
-            if bad_step >= 0:
-                raise NonFiniteLoss(
-                    f"loss is not finite at step {int(bad_step)}; stopped, the last good "
-                    "checkpoint is kept (lower train.lr, use train.amp=bf16, or check the data)"
-                )
-            avg = total.item() / distributed_world() / since_log
+            avg, any_stop = read_losses(loop, losses, since_log)
             epoch_loss, epoch_steps = epoch_loss + avg * since_log, epoch_steps + since_log
             losses.clear()
             since_log = 0
-            lr = scheduler.get_last_lr()[0]
-            log.scalars(
+            lr = loop.scheduler.get_last_lr()[0]
+            loop.log.scalars(
                 progress.step,
                 {"train/loss": avg, "train/lr": lr, "train/grad_norm": float(grad_norm)},
             )
             bar.set_postfix(loss=f"{avg:.4f}", lr=f"{lr:.2e}", refresh=False)
             if any_stop:
-                stopped = stop.reason or "signal on another rank"
+                stopped = loop.stop.reason or "signal on another rank"
         if at_limit:
             stopped = stopped or "max_steps"
         if stopped:
             break
     bar.close()
-    stats = {"loss": epoch_loss / max(epoch_steps, 1), "samples": epoch_steps * effective_batch}
+    stats = {
+        "loss": epoch_loss / max(epoch_steps, 1),
+        "samples": epoch_steps * loop.effective_batch,
+    }
     return stats, stopped, i == steps_left - 1
+
+
+def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[float, bool]:
+    """Mean loss over ranks of the last `steps` steps, and whether any rank was asked to stop.
+    Raises NonFiniteLoss naming the first step whose loss was not finite."""
+    step_losses = torch.stack(losses).view(steps, -1).mean(1)  # (steps,): one mean per step
+    bad = ~torch.isfinite(step_losses)
+    first = bad.float().argmax() + (loop.progress.step - steps + 1)
+    first_bad = torch.where(bad.any(), first, -1).float()
+    # One small collective carries everything the ranks must agree on.
+    asked = torch.tensor(float(loop.stop.requested), device=loop.device)
+    flags = distributed.all_reduce_max(torch.stack([first_bad, asked]))
+    total = distributed.all_reduce_sum(step_losses.sum())
+    bad_step, any_stop = flags.tolist()
+    if bad_step >= 0:
+        raise NonFiniteLoss(
+            f"loss is not finite at step {int(bad_step)}; stopped, the last good checkpoint "
+            "is kept (lower train.lr, use train.amp=bf16, or check the data)"
+        )
+    return total.item() / loop.dist.world_size / steps, bool(any_stop)
 
 
 @torch.inference_mode()
@@ -356,154 +337,41 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp: str = "off") -
     return {"loss": loss / count, "acc": correct / count, "count": int(count)}
 
 
-def scaled_lr(cfg: TrainConfig, effective_batch: int) -> float:
-    """The seed's rule: scale the learning rate with the batch (linear, or sqrt for Adam-like)."""
-    ratio = effective_batch / cfg.ref_batch_size
-    return cfg.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[cfg.lr_scaling]
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float, fused: bool):
-    # No weight decay on biases and norm weights (1-D tensors): decaying them only hurts.
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
-
-
-def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
-    """Linear warm-up, then cosine decay to lr * min_lr_ratio, as a LambdaLR of the step.
-
-    A pure function of the step (rather than chained LinearLR/CosineAnnealingLR, whose state
-    carries the old plan and whose cosine climbs again past T_max) means a resumed run follows
-    the *current* train.epochs: extending a finished run continues at the floor lr, and the
-    same config resumes to the same lr bit for bit."""
-    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
-    decay_steps = max(total_steps - warmup, 1)
-
-    def factor(step: int) -> float:  # multiplier of the peak lr after `step` optimizer steps
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        done = min((step - warmup) / decay_steps, 1.0)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def find_resume_state(cfg: Config, ckpts, device, is_main: bool) -> dict | None:
-    resume = cfg.train.resume
-    if resume == "auto":
-        found = ckpts.latest(
-            map_location=device, warn=print if is_main else _quiet, quarantine=is_main
-        )
-        if found is None:
-            if is_main:
-                print(f"train.resume=auto: no checkpoint in {ckpts.run_dir}, starting fresh")
-            return None
-        return found[0]
-    if resume:
-        return checkpoint.load(resume, map_location=device)
-    if (ckpts.run_dir / "config.yaml").exists() or ckpts.step_files():
-        raise ConfigError(
-            f"run {cfg.run.name!r} already exists in {ckpts.run_dir}; continue it with "
-            "train.resume=auto, or start a new one with run.name=<new name>"
-        )
-    return None
-
-
-def restore(state: dict, model, optimizer, scheduler, scaler, progress: Progress, rank: int):
-    checkpoint.load_model_state(model, state["model"], "resume")
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    for key, value in state["progress"].items():
-        setattr(progress, key, value)
-    rngs = state.get("rng", [])
-    # Exact continuation needs this rank's own RNG streams; on another world size the ranks
-    # keep their fresh seeds (the data order still resumes exactly, see data/sampler.py).
-    if len(rngs) == distributed_world():
-        set_rng_state(rngs[rank])
-
-
-def note_batch_change(state: dict, effective_batch: int) -> None:
-    """Resuming on another number of ranks continues exactly when the effective batch stays."""
-    train, ranks = state["config"]["train"], state["meta"]["world_size"]
-    saved = train["batch_size"] * train["grad_accum_steps"] * ranks
-    if saved != effective_batch:
-        print(
-            f"note: the checkpoint's effective batch was {saved} ({ranks} ranks), now "
-            f"{effective_batch}: the data resumes at the same sample, the lr schedule continues "
-            f"as planned for {saved}; keep train.batch_size x train.grad_accum_steps x ranks = "
-            f"{saved} to continue exactly"
-        )
-
-
-def save(ckpts, model, optimizer, scheduler, scaler, progress, cfg, dist, is_best: bool):
+def save(loop: Loop, ckpts: checkpoint.CheckpointManager, is_best: bool) -> None:
     rngs = distributed.all_gather_object(rng_state())  # a collective: every rank calls it
-    if not dist.is_main:
-        return
-    state = {
-        "model": model.state_dict(),  # the plain module: no module./_orig_mod. prefixes
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        "progress": asdict(progress),
-        "rng": rngs,
-        "config": to_dict(cfg),
-        "meta": {
-            "torch": str(torch.__version__),
-            "git_commit": _git_commit(),
-            "world_size": dist.world_size,
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        },
-    }
-    ckpts.save(state, progress.step, is_best)
-
-
-class StopSignal:
-    """SIGTERM / SIGUSR1 (what SLURM and cloud schedulers send before preempting) only set a
-    flag; the loop finishes its step, saves a checkpoint and exits with EXIT_PREEMPTED."""
-
-    SIGNALS = tuple(
-        getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name)
-    )
-
-    def __init__(self):
-        self.reason: str | None = None
-        self._previous: dict = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.reason is not None
-
-    def install(self) -> None:
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.reason = signal.Signals(signum).name
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-
-def distributed_world() -> int:
-    return torch.distributed.get_world_size() if distributed.is_distributed() else 1
-
-
-@functools.cache  # once per run: the code that runs is the code at start, and git costs ~5 ms
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+    if loop.dist.is_main:
+        state = checkpoint.training_state(
+            loop.model,
+            loop.optimizer,
+            loop.scheduler,
+            loop.scaler,
+            loop.progress,
+            to_dict(loop.cfg),
+            rngs,
+            loop.dist.world_size,
         )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+        ckpts.save(state, loop.progress.step, is_best)
 
 
-def _quiet(*args) -> None:
-    pass
+def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_best: bool):
+    """metrics.csv + TensorBoard (rank 0's logger) and one line on the console."""
+    row = {
+        "epoch": loop.progress.epoch,
+        "step": loop.progress.step,
+        "train/loss": stats["loss"],
+        "val/loss": metrics["loss"],
+        "val/acc": metrics["acc"],
+        "lr": loop.scheduler.get_last_lr()[0],
+        "time/train_s": train_time,
+        "throughput/samples_per_s": stats["samples"] / train_time,
+        "memory/peak_mb": peak_memory_mb(loop.device),
+    }
+    loop.log.epoch(row)
+    if loop.dist.is_main:
+        tqdm.write(
+            f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
+            f"val loss {metrics['loss']:.4f} acc {metrics['acc']:.4f}"
+            f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
+            f"{row['throughput/samples_per_s']:.0f} samples/s | "
+            f"peak mem {row['memory/peak_mb']:.0f} MB"
+        )

@@ -51,6 +51,7 @@ EXPECTED = {
     "PKG/data/sampler.py",
     "PKG/data/synthetic.py",
     "PKG/data/tensor_files.py",
+    "PKG/data/in_memory.py",
     "PKG/models/__init__.py",
     "PKG/models/cnn.py",
     "PKG/models/mlp.py",

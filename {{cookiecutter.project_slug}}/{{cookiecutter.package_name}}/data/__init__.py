@@ -2,8 +2,9 @@
 
 To add a dataset: write data/<name>.py with a torch Dataset whose constructor takes
 (cfg: DataConfig, split: "train" | "val") and which sets `input_shape` (C, H, W) and
-`num_classes`; then add one line to DATASETS. Defining `__getitems__(indices)` (return a
-ready batch) lets in-memory datasets skip per-sample collation.
+`num_classes`; then add one line to DATASETS. Data that fits in memory as two tensors can
+subclass InMemoryDataset (set `self.x`, `self.y`) and is batched by indexing, without
+per-sample collation.
 """
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.data import Dataset
 
 from ..config import DataConfig
+from .in_memory import InMemoryDataset
 
 _SPLIT_SEEDS = {"train": 1, "val": 2}
 
 
-class SyntheticGratings(Dataset):
+class SyntheticGratings(InMemoryDataset):
     def __init__(self, cfg: DataConfig, split: str):
         size, k = cfg.image_size, cfg.num_classes
         n = cfg.train_size if split == "train" else cfg.val_size
@@ -35,15 +35,3 @@ class SyntheticGratings(Dataset):
         self.y = labels
         self.input_shape = (3, size, size)
         self.num_classes = k
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
-
-    def __getitems__(self, indices: list[int]):
-        # The DataLoader calls this with a whole batch of indices: one gather instead of
-        # batch_size __getitem__ calls and a collate.
-        idx = torch.as_tensor(indices)
-        return self.x[idx], self.y[idx]

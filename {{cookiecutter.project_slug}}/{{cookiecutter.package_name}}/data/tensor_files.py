@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 
 from ..config import DataConfig
 from ..errors import ConfigError
+from .in_memory import InMemoryDataset
 
 
-class TensorFiles(Dataset):
+class TensorFiles(InMemoryDataset):
     def __init__(self, cfg: DataConfig, split: str):
         path = Path(cfg.root) / f"{split}.pt"
         if not path.is_file():
@@ -39,13 +39,3 @@ class TensorFiles(Dataset):
         # Count classes over the training labels so train and val agree.
         labels = self.y if split == "train" else TensorFiles(cfg, "train").y
         self.num_classes = int(labels.max()) + 1
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
-
-    def __getitems__(self, indices: list[int]):
-        idx = torch.as_tensor(indices)
-        return self.x[idx], self.y[idx]

@@ -40,13 +40,7 @@ class MetricLogger:
         if not self.enabled:
             return
         self.scalars(int(row["step"]), {k: v for k, v in row.items() if "/" in k})
-        path = self.run_dir / "metrics.csv"
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
-            if new:
-                writer.writeheader()
-            writer.writerow({k: _fmt(v) for k, v in row.items()})
+        _append_csv(self.run_dir / "metrics.csv", row)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -56,15 +50,14 @@ class MetricLogger:
 
 def append_run_summary(output_dir: Path, row: dict) -> None:
     """One line per finished run in <output_dir>/runs.csv: the experiment table (seed §6.3)."""
-    path = output_dir / "runs.csv"
-    row = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row}
+    _append_csv(output_dir / "runs.csv", {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row})
+
+
+def _append_csv(path: Path, row: dict) -> None:
+    """Append a row; the header is written with the first one."""
     new = not path.exists()
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(row))
         if new:
             writer.writeheader()
-        writer.writerow({k: _fmt(v) for k, v in row.items()})
-
-
-def _fmt(value):
-    return f"{value:.6g}" if isinstance(value, float) else value
+        writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})

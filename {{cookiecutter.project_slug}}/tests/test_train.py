@@ -207,3 +207,11 @@ def test_checkpoint_errors(tmp_path, tiny):
     torch.save({"model": {}, "payload": ROOT}, pickled)  # a Path: arbitrary pickled object
     with pytest.raises(CheckpointError, match="pickled Python objects"):
         checkpoint.load(pickled)
+
+
+def test_tensorboard_events_and_the_runs_table_are_written(tiny):
+    fit(load_config(None, [*tiny, "run.tensorboard=true"]))
+    events = list(Path(run_dir(tiny), "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    runs = Path(load_config(None, tiny).run.output_dir, "runs.csv").read_text().splitlines()
+    assert runs[0].startswith("finished,run,model") and len(runs) == 2

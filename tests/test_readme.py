@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import TEMPLATE
 
 
@@ -49,3 +50,22 @@ def test_readmes_generate_command_bakes_the_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr
     project = Path(tmp_path) / "my-pytorch-project"
     assert (project / "my_pytorch_project" / "trainer.py").is_file()
+
+
+@pytest.mark.slow
+def test_baked_readme_quick_start_runs(bake):
+    """Every command of the baked README's quick start, as written, in a fresh bake. Two are
+    left to other tests: `make env` (the real-environment tests of the hooks) and
+    `tensorboard --logdir`, a server (its events are checked by the baked suite)."""
+    project = bake()
+    readme = (project / "README.md").read_text()
+    block = re.search(r"## Quick start\n+```bash\n(.*?)```", readme, re.S).group(1)
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands[0] == "make env" and commands[-1].startswith("tensorboard --logdir")
+    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
+    for command in commands[1:-1]:
+        proc = subprocess.run(
+            command, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert (project / "checkpoints" / "default" / "best.pt").is_file()

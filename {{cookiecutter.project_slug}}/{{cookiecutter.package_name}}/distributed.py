@@ -6,6 +6,7 @@ code never branches on whether it is distributed.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device]:
 
 def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # DDP wrappers sit in reference cycles: free them while the group lives
         dist.destroy_process_group()
 
 

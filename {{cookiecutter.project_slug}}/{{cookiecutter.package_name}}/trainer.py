@@ -61,8 +61,18 @@ class Loop:
 
 def fit(cfg: Config) -> dict:
     """Train as `cfg` says; returns the last validation metrics, where the run stopped and
-    the trained model."""
+    the trained model. Joins the process group under torchrun and leaves it at the end."""
     dist, device = distributed.setup(cfg.run.device)
+    try:
+        return train(cfg, dist, device)
+    finally:
+        # Only once train()'s frame is gone, so that no DistributedDataParallel (whose gloo
+        # work can hold Python objects) outlives the process group.
+        distributed.teardown()
+
+
+def train(cfg: Config, dist: DistInfo, device: torch.device) -> dict:
+    """The recipe: checks, data, model, optimizer, resume, then the epoch loop and summary."""
     log = MetricLogger(None)
     stop = StopSignal()
     try:
@@ -212,7 +222,6 @@ def fit(cfg: Config) -> dict:
     finally:
         stop.restore()
         log.close()
-        distributed.teardown()
 
 
 def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:

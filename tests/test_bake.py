@@ -193,13 +193,13 @@ def test_baked_project_passes_its_own_suite(bake):
     project = bake(**AWKWARD)
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x"],
+        [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short"],
         cwd=project,
         env=env,
         capture_output=True,
         text=True,
         timeout=1500,
     )
-    tail = "\n".join(proc.stdout.splitlines()[-30:])
+    tail = "\n".join(proc.stdout.splitlines()[-80:])
     assert proc.returncode == 0, tail + proc.stderr[-2000:]
     assert re.search(r"\d+ passed", tail)

@@ -27,7 +27,7 @@ from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, scaled_lr
-from .utils.device import AMP_DTYPES, check_amp, configure_backends, peak_memory_mb, to_device
+from .utils.device import autocast, check_amp, configure_backends, peak_memory_mb, to_device
 from .utils.logger import MetricLogger, append_run_summary
 from .utils.seed import rng_state, seed_everything
 from .utils.signals import StopSignal
@@ -159,20 +159,20 @@ def train(cfg: Config, dist: DistInfo, device: torch.device) -> dict:
                 + (f" | resumed at step {progress.step}" if state else "")
             )
         loop = Loop(
-            cfg,
-            dist,
-            device,
-            model,
-            ddp,
-            net,
-            optimizer,
-            scheduler,
-            scaler,
-            progress,
-            steps_per_epoch,
-            effective_batch,
-            log,
-            stop,
+            cfg=cfg,
+            dist=dist,
+            device=device,
+            model=model,
+            ddp=ddp,
+            net=net,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            progress=progress,
+            steps_per_epoch=steps_per_epoch,
+            effective_batch=effective_batch,
+            log=log,
+            stop=stop,
         )
 
         # The loop: train an epoch, validate, checkpoint; a stop mid-epoch saves its position.
@@ -234,8 +234,7 @@ def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:
     done = progress.epoch_samples // loop.effective_batch  # steps this epoch before a resume
     steps_left = min(loop.steps_per_epoch - done, len(loader) // accum)
     batches = iter(loader)
-    amp = cfg.train.amp
-    autocast = torch.autocast(device.type, AMP_DTYPES.get(amp), enabled=amp != "off")
+    mixed_precision = autocast(device, cfg.train.amp)
     # Losses stay on the device, detached, until the next log: reading a value (.item(),
     # .tolist()) waits for the GPU, so it happens only every run.log_every steps; collecting
     # them launches no kernel per step.
@@ -259,7 +258,7 @@ def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:
             # Under DDP, all-reduce gradients only on the last micro-step of an accumulation.
             skip_sync = micro < accum - 1 and isinstance(loop.ddp, DistributedDataParallel)
             with loop.ddp.no_sync() if skip_sync else contextlib.nullcontext():
-                with autocast:
+                with mixed_precision:
                     loss = F.cross_entropy(loop.net(x), y)
                 # Divide so the accumulated gradient is the mean over the effective batch.
                 loop.scaler.scale(loss / accum).backward()
@@ -332,10 +331,10 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp: str = "off") -
     was_training = model.training
     model.eval()
     totals = torch.zeros(3, device=device)  # loss sum, correct, count
-    autocast = torch.autocast(device.type, AMP_DTYPES.get(amp), enabled=amp != "off")
+    mixed_precision = autocast(device, amp)
     for batch in loader:
         x, y = to_device(batch, device)
-        with autocast:
+        with mixed_precision:
             logits = model(x)
         totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
         totals[1] += (logits.argmax(1) == y).sum()

@@ -42,6 +42,11 @@ def check_amp(amp: str, device: torch.device) -> None:
         raise ConfigError(f"train.amp=bf16 is not supported on {name}; use train.amp=fp16")
 
 
+def autocast(device: torch.device, amp: str):
+    """The mixed-precision context for train.amp (off / bf16 / fp16) on this device."""
+    return torch.autocast(device.type, AMP_DTYPES.get(amp), enabled=amp != "off")
+
+
 def configure_backends(device: torch.device, tf32: bool, deterministic: bool) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -422,3 +422,164 @@ def test_slurm_time_limit_saves_requeues_and_the_requeued_job_resumes(slurm, tmp
     assert f"resumed at step {step}" in log.read_text()
     assert checkpoint.load(out / "job/last.pt")["progress"]["step"] == step + 2
     assert Path(env["STUB_LOG"]).read_text().count("requeue") == 1
+
+
+# scripts/train.py whose steps take 0.25 s; rank 1 records its pid and each step it finishes,
+# and can be made unable to read checkpoints.
+SLOW_RANKS = """\
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }}.errors import CheckpointError
+
+out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
+clip, load, steps = torch.nn.utils.clip_grad_norm_, checkpoint.load, [0]
+
+
+def slow_clip(*args, **kwargs):
+    time.sleep(0.25)
+    steps[0] += 1
+    if rank == 1:
+        (out / "rank1.step").write_text(str(steps[0]))
+    return clip(*args, **kwargs)
+
+
+def unreadable(path):
+    raise CheckpointError(f"checkpoint {str(path)!r} could not be read (simulated)")
+
+
+if rank == 1:
+    (out / "rank1.pid").write_text(str(os.getpid()))
+    if os.environ.get("RANK1_CANNOT_READ"):
+        checkpoint.load = unreadable
+torch.nn.utils.clip_grad_norm_ = slow_clip
+raise SystemExit(cli.train_main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_ranks(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("helper") / "slow_ranks.py"
+    path.write_text(SLOW_RANKS)
+    return path
+
+
+def wait_for(predicate, proc, timeout: float = 120, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"ended before {what}: {proc.returncode}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@slow
+def test_a_signal_to_one_rank_stops_every_rank_within_seconds(tmp_path, slow_ranks):
+    """Steps of 0.25 s and no log step in the epoch: the ranks still agree to stop within
+    about 2 s (distributed.StopVote), not at the end of the epoch."""
+    out = tmp_path / "runs"
+    args = [*TINY, "data.train_size=2048", "train.epochs=1", "run.log_every=1000"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, str(slow_ranks)]
+    log = tmp_path / "log.txt"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [*cmd, str(tmp_path), *args, f"run.output_dir={out}"],
+            cwd=ROOT,
+            env=child_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        step_file = tmp_path / "rank1.step"
+        wait_for(lambda: step_file.exists() and int(step_file.read_text() or 0) >= 4, proc)
+        signalled_at = int(step_file.read_text())
+        os.kill(int((tmp_path / "rank1.pid").read_text()), signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    saved = checkpoint.load(out / "default/last.pt")["progress"]["step"]
+    assert f"stopped (signal on another rank) at step {saved}" in text, text[-3000:]
+    # 64 steps in the epoch; a vote every ~8 steps of 0.25 s.
+    assert signalled_at <= saved <= signalled_at + 12, (signalled_at, saved)
+
+
+@slow
+def test_ranks_that_cannot_all_read_the_resume_checkpoint_stop_with_one_line(tmp_path, slow_ranks):
+    out = f"run.output_dir={tmp_path / 'runs'}"
+    fit(load_config(None, [*TINY, out, "train.max_steps=2"]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, str(slow_ranks)]
+    proc = subprocess.run(
+        [*cmd, str(tmp_path), *TINY, out, "train.resume=auto"],
+        cwd=ROOT,
+        env=child_env(RANK1_CANNOT_READ="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "rank 1 cannot read the checkpoint to resume" in errors[0] and "simulated" in errors[0]
+
+
+@slow
+def test_sigterm_to_torchrun_with_loader_workers_saves_and_resumes(tmp_path):
+    """torchrun passes SIGTERM to its workers' process groups, loader workers included; they
+    must not die of it before their rank saves."""
+    out = tmp_path / "runs"
+    args = [
+        *TINY,
+        "data.num_workers=2",
+        "train.epochs=50",
+        "run.log_every=1",
+        f"run.output_dir={out}",
+    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, "scripts/train.py", *args]
+    log = tmp_path / "log.txt"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=child_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: list((out / "default").glob("step-*.pt")), proc, what="a checkpoint")
+        os.killpg(proc.pid, signal.SIGTERM)  # as SLURM's scancel: every process of the job
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "DataLoader worker" not in text, text[-3000:]
+    saved = checkpoint.load(out / "default/last.pt")["progress"]["step"]
+    assert f"stopped (SIGTERM) at step {saved}" in text, text[-3000:]
+    assert 0 < saved < 50 * 8
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *STANDALONE,
+            "scripts/train.py",
+            *args,
+            "train.resume=auto",
+            f"train.max_steps={saved + 3}",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed at step {saved}" in resumed.stdout
+    assert checkpoint.load(out / "default/last.pt")["progress"]["step"] == saved + 3

@@ -29,28 +29,40 @@ def same_weights(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.slow
-def test_sigterm_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_one(tiny):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sigterm_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_one(tiny, workers):
+    """With loader workers the signal goes to the whole process group, as torchrun and SLURM
+    send it: the workers must outlive it so that the training process can save."""
     exact = [
         *tiny,
         "run.deterministic=true",
         "data.train_size=2048",
         "train.epochs=3",
         "model.width=16",
+        f"data.num_workers={workers}",
     ]
     fit(load_config(None, [*exact, "run.name=straight"]))
     expected = checkpoint.load(out_dir(tiny, "straight") / "last.pt")
 
     args = [sys.executable, "scripts/train.py", *exact, "run.name=preempted"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     # Signal as soon as epoch 1 is saved: the run is then inside epoch 2 of 3.
     deadline = time.monotonic() + 60
     while not list(out_dir(tiny, "preempted").glob("step-*.pt")) and time.monotonic() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)
     rest = proc.stdout.read()
     assert proc.wait(timeout=60) == EXIT_PREEMPTED, rest
-    assert "stopped (SIGTERM)" in rest
+    assert "stopped (SIGTERM)" in rest and "DataLoader worker" not in rest
     saved = checkpoint.load(out_dir(tiny, "preempted") / "last.pt")
     total = expected["progress"]["step"]
     assert 0 < saved["progress"]["step"] < total, "the signal should land mid-run"
@@ -109,7 +121,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(tiny, c
     newest.write_bytes(newest.read_bytes()[:5000])  # truncated, as by a full disk
     result = fit(load_config(None, [*tiny, "train.epochs=4", "train.resume=auto"]))
     out = capsys.readouterr().out
-    assert f"skipping checkpoint '{newest}' is corrupt or truncated" in out
+    assert f"skipping checkpoint '{newest}' is not a checkpoint (corrupt, truncated" in out
     assert f"resumed at step {previous_step}" in out
     assert result["epoch"] == 4
     assert (newest.parent / (newest.name + ".bad")).exists()

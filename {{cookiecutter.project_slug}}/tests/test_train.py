@@ -41,7 +41,7 @@ def test_full_run_learns_and_keeps_best_and_last(tiny):
     for key in ("model", "optimizer", "scheduler", "scaler", "rng", "config", "meta"):
         assert key in last
     csv = Path(f"{out}/metrics.csv").read_text().splitlines()
-    assert len(csv) == 4 and csv[0].startswith("epoch,step,train/loss")
+    assert len(csv) == 4 and csv[0].startswith("epoch,step,train/epoch_loss")
 
 
 def test_resume_continues_from_the_saved_step_with_identical_optimizer_state(tiny):
@@ -201,7 +201,7 @@ def test_checkpoint_errors(tmp_path, tiny):
     good = f"{run_dir(tiny)}/last.pt"
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(Path(good).read_bytes()[:1000])
-    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+    with pytest.raises(CheckpointError, match="is not a checkpoint .corrupt, truncated"):
         checkpoint.load(truncated)
     pickled = tmp_path / "pickled.pt"
     torch.save({"model": {}, "payload": ROOT}, pickled)  # a Path: arbitrary pickled object

@@ -61,7 +61,9 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
     from .trainer import evaluate
 
     state = checkpoint.load(path)
-    cfg = load_config(base=state.get("config", {}), overrides=overrides)
+    # A bare state_dict carries no config: the defaults plus the overrides describe its model.
+    saved = state.get("config") if isinstance(state.get("config"), dict) else {}
+    cfg = load_config(base=saved, overrides=overrides)
     dist, device = distributed.setup(cfg.run.device)
     try:
         val_set = build_dataset(cfg.data, "val")
@@ -75,7 +77,7 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
             world_size=dist.world_size,
         )
         model = build_model(cfg.model, val_set.input_shape, val_set.num_classes)
-        checkpoint.load_model_state(model, state["model"], path)
+        checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
         metrics = evaluate(model.to(device), loader, device, cfg.train.amp)
         metrics = {"checkpoint": path, "step": state.get("progress", {}).get("step"), **metrics}
         return metrics if dist.is_main else None
@@ -107,8 +109,10 @@ def _smoke(root: Path, overrides: list[str]) -> str:
 
     from .config import load_config
     from .trainer import fit
+    from .utils.device import default_amp
 
-    amp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "off"
+    # bf16 where the GPU has it natively, fp16 + loss scaling on older GPUs, fp32 on CPU.
+    amp = default_amp(torch.device("cuda")) if torch.cuda.is_available() else "off"
     with tempfile.TemporaryDirectory(prefix="smoke-") as tmp:
         common = [f"run.output_dir={tmp}", f"train.amp={amp}", *overrides]
         config = root / "configs" / "experiments" / "smoke.yaml"
@@ -142,7 +146,8 @@ def _guard(run, debug: bool) -> int:
     except UserError as exc:
         if debug or os.environ.get("DEBUG"):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank has the error
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

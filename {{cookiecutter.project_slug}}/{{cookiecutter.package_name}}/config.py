@@ -74,7 +74,14 @@ class TrainConfig:
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
     keep_last: int = 2  # step checkpoints kept besides best.pt
     best_metric: str = "acc"  # validation metric that picks best.pt: acc | loss
-    best_mode: Literal["max", "min"] = "max"
+    best_mode: Literal["auto", "max", "min"] = "auto"  # auto: the metric's own (acc max, loss min)
+
+    def best_direction(self) -> str:
+        """max or min: which way best_metric improves."""
+        return BEST_MODES[self.best_metric] if self.best_mode == "auto" else self.best_mode
+
+
+BEST_MODES = {"acc": "max", "loss": "min"}  # how each validation metric improves
 
 
 @dataclass
@@ -151,6 +158,12 @@ def validate(cfg: Config) -> None:
             section, name = key.split(".")
             value = getattr(getattr(cfg, section), name)
             raise ConfigError(f"{key} must be {rule}, got {value!r}")
+    natural = BEST_MODES[cfg.train.best_metric]
+    if cfg.train.best_mode not in ("auto", natural):
+        raise ConfigError(
+            f"train.best_mode={cfg.train.best_mode} would keep the worst {cfg.train.best_metric} "
+            f"as best.pt; use train.best_mode={natural} or auto"
+        )
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from .errors import ConfigError
 from .utils.device import resolve_device
+from .utils.signals import StopSignal
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,12 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device]:
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),
         world_size=int(os.environ["WORLD_SIZE"]),
     )
+    if device_name.startswith("cuda:") and info.world_size > 1:
+        raise ConfigError(
+            f"run.device={device_name} would put all {info.world_size} ranks on one GPU; use "
+            "run.device=cuda (rank r takes GPU LOCAL_RANK) and choose GPUs with "
+            "CUDA_VISIBLE_DEVICES"
+        )
     device = resolve_device(device_name, info.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -82,6 +91,15 @@ def sync_buffers(model: nn.Module) -> None:
             dist.broadcast(buffer, src=0)
 
 
+def broadcast_object(obj):
+    """Rank 0's `obj` on every rank (the others pass anything, e.g. None)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def all_gather_object(obj) -> list:
     """Gather a picklable object from every rank (e.g. per-rank RNG states for a checkpoint)."""
     if not is_distributed():
@@ -100,3 +118,35 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+class StopVote:
+    """When ranks compare stop requests. A signal reaches the ranks at different steps, and
+    all must stop at the same one; comparing costs a collective that waits for the GPU, so not
+    every step, and not only every log step either (minutes apart when steps are long, past
+    SLURM's warning). The ranks vote about every `seconds` of training: the interval in steps
+    comes from the slowest rank's step time, measured between votes, so every rank computes
+    the same next vote and a stop is taken within `seconds` plus one step."""
+
+    def __init__(self, stop: StopSignal, device: torch.device, step: int, seconds: float = 2.0):
+        self.stop, self.device, self.seconds = stop, device, seconds
+        self.next_step = step + 1
+        self._since = (step, time.perf_counter())
+
+    def due(self, step: int) -> bool:
+        if not is_distributed():  # one process: act on a signal at once
+            return self.stop.requested
+        return step >= self.next_step
+
+    def __call__(self, step: int) -> bool:
+        """Every rank calls this at the same step; True when any rank was asked to stop."""
+        if not is_distributed():
+            return self.stop.requested
+        last_step, last_time = self._since
+        now = time.perf_counter()
+        per_step = (now - last_time) / max(step - last_step, 1)
+        local = torch.tensor([float(self.stop.requested), per_step], device=self.device)
+        any_stop, slowest = all_reduce_max(local).tolist()
+        self.next_step = step + max(1, int(self.seconds / max(slowest, 1e-6)))
+        self._since = (step, now)
+        return bool(any_stop)

@@ -29,19 +29,57 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float, fused: bool):
 
 
 def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
-    """Linear warm-up, then cosine decay to lr * min_lr_ratio, as a LambdaLR of the step.
-
-    A pure function of the step (rather than chained LinearLR/CosineAnnealingLR, whose state
-    carries the old plan and whose cosine climbs again past T_max) means a resumed run follows
-    the *current* train.epochs: extending a finished run continues at the floor lr, and the
-    same config resumes to the same lr bit for bit."""
+    """Linear warm-up, then cosine decay to lr * min_lr_ratio at `total_steps`: a LambdaLR of
+    the step, rather than chained LinearLR/CosineAnnealingLR (whose cosine climbs again past
+    T_max when a run is extended)."""
     warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
-    decay_steps = max(total_steps - warmup, 1)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(warmup, total_steps, cfg.min_lr_ratio)
+    )
 
-    def factor(step: int) -> float:  # multiplier of the peak lr after `step` optimizer steps
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        done = min((step - warmup) / decay_steps, 1.0)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+class WarmupCosine:
+    """The lr multiplier after `step` optimizer steps: (step + 1) / (warmup + 1) during the
+    warm-up, then a half cosine from `peak` at step `start` down to `floor` at step `total`,
+    and `floor` after it. A fresh plan has start = warmup and peak = 1.
+
+    Its fields are saved with the scheduler (LambdaLR keeps a callable object's __dict__), so
+    a resumed run knows the plan it was on; `replan` bends that plan to new settings."""
+
+    def __init__(self, warmup: int, total: int, floor: float):
+        self.warmup, self.total, self.floor = warmup, total, floor
+        self.start, self.peak = warmup, 1.0
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / (self.warmup + 1)
+        done = min((step - self.start) / max(self.total - self.start, 1), 1.0)
+        return self.floor + (self.peak - self.floor) * 0.5 * (1 + math.cos(math.pi * done))
+
+    def replan(self, step: int, total: int, floor: float) -> None:
+        """New length or floor from `step` on, without a jump: the cosine restarts from the
+        current multiplier and ends at `floor` at `total`. A finished run that is extended
+        stays at its floor; during the warm-up only the decay after it changes."""
+        if step > self.warmup:
+            self.start, self.peak = step, self(step)
+        self.total, self.floor = total, floor
+
+
+def continue_schedule(optimizer, scheduler, cfg: TrainConfig, lr: float, total_steps: int):
+    """After loading a checkpoint: apply the current settings from the resumed step on.
+
+    load_state_dict brings back the old peak lr (base_lrs), weight decay and plan; without
+    this, a changed train.lr or train.epochs would be recorded but not used, and the first
+    step would run at the old plan's lr."""
+    plan = scheduler.lr_lambdas[0]
+    if not isinstance(plan, WarmupCosine):
+        return
+    step = scheduler.last_epoch
+    if (plan.total, plan.floor) != (total_steps, cfg.min_lr_ratio):
+        plan.replan(step, total_steps, cfg.min_lr_ratio)
+    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = lr
+        group["lr"] = lr * plan(step)
+    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay  # the decayed group, see above
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -19,16 +19,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, resume
 from .checkpoint import Progress
 from .config import Config, save_config, to_dict
 from .data import build_dataset, build_loader
 from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
-from .optim import build_optimizer, build_scheduler, scaled_lr
-from .utils.device import autocast, check_amp, configure_backends, peak_memory_mb, to_device
-from .utils.logger import MetricLogger, append_run_summary
+from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
+from .utils.device import autocast, check_amp, configure_backends, memory_mb, to_device
+from .utils.logger import MetricLogger, record_run
 from .utils.seed import rng_state, seed_everything
 from .utils.signals import StopSignal
 
@@ -41,7 +41,7 @@ class NonFiniteLoss(UserError):
 
 @dataclass
 class Loop:
-    """What the epoch loop works on; built once by fit()."""
+    """What the epoch loop works on; built once by train()."""
 
     cfg: Config
     dist: DistInfo
@@ -57,86 +57,90 @@ class Loop:
     effective_batch: int  # batch_size x grad_accum_steps x ranks: samples per optimizer step
     log: MetricLogger
     stop: StopSignal
+    vote: distributed.StopVote
 
 
 def fit(cfg: Config) -> dict:
     """Train as `cfg` says; returns the last validation metrics, where the run stopped and
     the trained model. Joins the process group under torchrun and leaves it at the end."""
-    dist, device = distributed.setup(cfg.run.device)
+    stop = StopSignal()
+    stop.install()  # from the start: a signal during set-up stops the run after one step
     try:
-        return train(cfg, dist, device)
+        dist, device = distributed.setup(cfg.run.device)
+        return train(cfg, dist, device, stop)
     finally:
         # Only once train()'s frame is gone, so that no DistributedDataParallel (whose gloo
-        # work can hold Python objects) outlives the process group.
+        # work can hold Python objects) outlives the process group. The signal handlers stay
+        # until after it: a second SIGTERM during the final save or teardown is only noted.
         distributed.teardown()
+        stop.restore()
 
 
-def train(cfg: Config, dist: DistInfo, device: torch.device) -> dict:
+def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -> dict:
     """The recipe: checks, data, model, optimizer, resume, then the epoch loop and summary."""
+    # Everything is built and checked before anything is written: bad input leaves no trace.
+    check_amp(cfg.train.amp, device)
+    configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
+    seed_everything(cfg.run.seed + dist.rank, cfg.run.deterministic)
+
+    # Data: each rank reads its own shard; pinned memory only helps host-to-GPU copies.
+    train_set, val_set = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "val")
+    loader_args = dict(
+        cfg=cfg.data,
+        seed=cfg.run.seed,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        pin_memory=cfg.data.pin_memory and device.type == "cuda",
+    )
+    train_loader = build_loader(
+        train_set, batch_size=cfg.train.batch_size, train=True, **loader_args
+    )
+    val_loader = build_loader(
+        val_set, batch_size=2 * cfg.train.batch_size, train=False, **loader_args
+    )
+    steps_per_epoch = len(train_loader) // cfg.train.grad_accum_steps
+    effective_batch = cfg.train.batch_size * cfg.train.grad_accum_steps * dist.world_size
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"the effective batch ({effective_batch} = train.batch_size x "
+            f"train.grad_accum_steps x {dist.world_size} ranks) exceeds the "
+            f"{len(train_set)} training samples; lower train.batch_size"
+        )
+    total_steps = steps_per_epoch * cfg.train.epochs
+
+    model = build_net(cfg, train_set, device, dist)
+
+    # Optimizer and schedule (optim.py): AdamW, per-step warm-up then cosine.
+    lr = scaled_lr(cfg.train, effective_batch)
+    optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))
+    scheduler = build_scheduler(optimizer, cfg.train, total_steps)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
+    progress = Progress()
+
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    ckpts = checkpoint.CheckpointManager(run_dir, cfg.train.keep_last)
     log = MetricLogger(None)
-    stop = StopSignal()
     try:
-        # Everything is built and checked before anything is written: bad input leaves no trace.
-        check_amp(cfg.train.amp, device)
-        configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
-        seed_everything(cfg.run.seed + dist.rank, cfg.run.deterministic)
-
-        # Data: each rank reads its own shard; pinned memory only helps host-to-GPU copies.
-        train_set, val_set = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "val")
-        loader_args = dict(
-            cfg=cfg.data,
-            seed=cfg.run.seed,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            pin_memory=cfg.data.pin_memory and device.type == "cuda",
-        )
-        train_loader = build_loader(
-            train_set, batch_size=cfg.train.batch_size, train=True, **loader_args
-        )
-        val_loader = build_loader(
-            val_set, batch_size=2 * cfg.train.batch_size, train=False, **loader_args
-        )
-        steps_per_epoch = len(train_loader) // cfg.train.grad_accum_steps
-        effective_batch = cfg.train.batch_size * cfg.train.grad_accum_steps * dist.world_size
-        if steps_per_epoch == 0:
-            raise ConfigError(
-                f"the effective batch ({effective_batch} = train.batch_size x "
-                f"train.grad_accum_steps x {dist.world_size} ranks) exceeds the "
-                f"{len(train_set)} training samples; lower train.batch_size"
-            )
-
-        # Model
-        model = build_model(cfg.model, train_set.input_shape, train_set.num_classes)
-        if cfg.train.init_from:
-            skipped = checkpoint.init_from(model, cfg.train.init_from)
-            if dist.is_main:
-                print(f"init_from {cfg.train.init_from}: new (not loaded): {skipped or 'none'}")
-        if cfg.train.sync_bn and dist.world_size > 1:
-            if device.type != "cuda":  # DDP refuses SyncBatchNorm on CPU modules
-                raise ConfigError("train.sync_bn=true needs CUDA GPUs; set train.sync_bn=false")
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        memory_format = torch.channels_last if cfg.train.channels_last else torch.preserve_format
-        model.to(device, memory_format=memory_format)
-
-        # Optimizer and schedule (optim.py): AdamW, per-step warm-up then cosine.
-        lr = scaled_lr(cfg.train, effective_batch)
-        optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))
-        scheduler = build_scheduler(optimizer, cfg.train, steps_per_epoch * cfg.train.epochs)
-        scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
-        progress = Progress()
-
         # Resume: continue this run exactly, or refuse to overwrite a run that exists.
-        run_dir = Path(cfg.run.output_dir) / cfg.run.name
-        ckpts = checkpoint.CheckpointManager(run_dir, cfg.train.keep_last)
-        state = checkpoint.find_resume_state(
-            cfg.train.resume, cfg.run.name, ckpts, device, dist.is_main
-        )
+        state = resume.load_state(cfg, dist, ckpts)
         if state is not None:
+            changed = resume.changes(state, cfg)
             checkpoint.restore_training_state(
                 state, model, optimizer, scheduler, scaler, progress, dist.rank, dist.world_size
             )
+            continue_schedule(optimizer, scheduler, cfg.train, lr, total_steps)
             if dist.is_main:
                 checkpoint.note_batch_change(state, effective_batch)
+                if changed:
+                    print(f"settings changed since step {progress.step}: {', '.join(changed)}")
+            if resume.is_complete(cfg, progress.step, progress.epoch):
+                if dist.is_main:
+                    print(
+                        f"run {cfg.run.name} is complete (epoch {progress.epoch}, step "
+                        f"{progress.step}); nothing to do. To train further, resume with a "
+                        "larger train.epochs (or train.max_steps)"
+                    )
+                return result(progress, {}, None, model)
         distributed.barrier()  # every rank has checked and loaded before rank 0 writes
 
         ddp = model
@@ -147,10 +151,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device) -> dict:
         net = torch.compile(ddp) if cfg.train.compile else ddp
 
         if dist.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            ckpts.remove_stale_temporaries()
-            save_config(cfg, run_dir / "config.yaml")
-            log = MetricLogger(run_dir, cfg.run.tensorboard, start_step=progress.step)
+            log = open_run_folder(cfg, ckpts, progress.step)
             params = sum(p.numel() for p in model.parameters())
             print(
                 f"run {cfg.run.name}: {cfg.model.name} {params / 1e6:.2f}M params | {device} x "
@@ -173,61 +174,96 @@ def train(cfg: Config, dist: DistInfo, device: torch.device) -> dict:
             effective_batch=effective_batch,
             log=log,
             stop=stop,
+            vote=distributed.StopVote(stop, device, progress.step),
         )
-
-        # The loop: train an epoch, validate, checkpoint; a stop mid-epoch saves its position.
-        stop.install()
-        metrics, stopped, finished = {}, None, True
-        for epoch in range(progress.epoch, cfg.train.epochs):
-            progress.epoch = epoch
-            train_loader.sampler.set_epoch(epoch, start=progress.epoch_samples)
-            start = time.perf_counter()
-            stats, stopped, finished = train_one_epoch(loop, train_loader)
-            if not finished:
-                break
-            train_time = time.perf_counter() - start
-            distributed.sync_buffers(model)  # every rank evaluates the BatchNorm stats it saves
-            metrics = evaluate(model, val_loader, device, cfg.train.amp)
-            progress.epoch, progress.epoch_samples = epoch + 1, 0
-            is_best = progress.improves(metrics[cfg.train.best_metric], cfg.train.best_mode)
-            save(loop, ckpts, is_best)
-            report_epoch(loop, stats, metrics, train_time, is_best)
-            if stopped:
-                break
-        if stopped and not finished:
-            save(loop, ckpts, is_best=False)
-            if dist.is_main:
-                print(f"stopped ({stopped}) at step {progress.step}; saved {run_dir / 'last.pt'}")
-        elif progress.epoch >= cfg.train.epochs and dist.is_main:
-            summary = {
-                "run": cfg.run.name,
-                "model": cfg.model.name,
-                "epochs": progress.epoch,
-                "steps": progress.step,
-                f"best_val_{cfg.train.best_metric}": progress.best,
-                **{f"val_{k}": v for k, v in metrics.items()},
-            }
-            append_run_summary(Path(cfg.run.output_dir), summary)
+        metrics, stopped = run_epochs(loop, train_loader, val_loader, ckpts)
+        if stopped and dist.is_main:
+            print(f"stopped ({stopped}) at step {progress.step}; saved {run_dir / 'last.pt'}")
+        elif stopped is None and dist.is_main:
+            record_run(
+                Path(cfg.run.output_dir),
+                {
+                    "run": cfg.run.name,
+                    "model": cfg.model.name,
+                    "epochs": progress.epoch,
+                    "steps": progress.step,
+                    f"best_val_{cfg.train.best_metric}": progress.best,
+                    **{f"val_{k}": v for k, v in metrics.items()},
+                },
+            )
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
         distributed.barrier()
-        return {
-            "metrics": metrics,
-            "step": progress.step,
-            "epoch": progress.epoch,
-            "best": progress.best,
-            "stopped": stopped,
-            "model": model,
-        }
+        return result(progress, metrics, stopped, model)
     finally:
-        stop.restore()
         log.close()
+        ckpts.unlock()
 
 
-def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:
+def build_net(cfg: Config, train_set, device: torch.device, dist: DistInfo) -> nn.Module:
+    """The model of cfg.model for this data, on `device`: fine-tuning weights loaded, BatchNorm
+    synchronised across GPUs when asked."""
+    model = build_model(cfg.model, train_set.input_shape, train_set.num_classes)
+    if cfg.train.init_from and not cfg.train.resume:
+        skipped = checkpoint.init_from(model, cfg.train.init_from)
+        if dist.is_main:
+            print(f"init_from {cfg.train.init_from}: new (not loaded): {skipped or 'none'}")
+    if cfg.train.sync_bn and dist.world_size > 1:
+        if device.type != "cuda":  # DDP refuses SyncBatchNorm on CPU modules
+            raise ConfigError("train.sync_bn=true needs CUDA GPUs; set train.sync_bn=false")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    memory_format = torch.channels_last if cfg.train.channels_last else torch.preserve_format
+    return model.to(device, memory_format=memory_format)
+
+
+def open_run_folder(cfg: Config, ckpts: checkpoint.CheckpointManager, step: int) -> MetricLogger:
+    """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on."""
+    ckpts.lock()
+    ckpts.remove_stale_temporaries()
+    save_config(cfg, ckpts.run_dir / "config.yaml")
+    return MetricLogger(ckpts.run_dir, cfg.run.tensorboard, start_step=step)
+
+
+def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str | None]:
+    """Train an epoch, validate, checkpoint; until the last epoch or a stop, which saves
+    where it is (mid-epoch too). Returns the last validation metrics and the stop reason."""
+    cfg, progress = loop.cfg, loop.progress
+    metrics, best_mode = {}, cfg.train.best_direction()
+    for epoch in range(progress.epoch, cfg.train.epochs):
+        progress.epoch = epoch
+        train_loader.sampler.set_epoch(epoch, start=progress.epoch_samples)
+        start = time.perf_counter()
+        stats, stopped = train_one_epoch(loop, train_loader)
+        if stats is None:  # stopped mid-epoch: save the position inside it
+            save(loop, ckpts, is_best=False)
+            return metrics, stopped
+        train_time = time.perf_counter() - start
+        distributed.sync_buffers(loop.model)  # every rank evaluates the BatchNorm stats it saves
+        metrics = evaluate(loop.model, val_loader, loop.device, cfg.train.amp)
+        progress.epoch, progress.epoch_samples = epoch + 1, 0
+        is_best = progress.improves(metrics[cfg.train.best_metric], best_mode)
+        save(loop, ckpts, is_best)
+        report_epoch(loop, stats, metrics, train_time, is_best)
+        if stopped:
+            return metrics, stopped
+    return metrics, None
+
+
+def result(progress: Progress, metrics: dict, stopped: str | None, model: nn.Module) -> dict:
+    return {
+        "metrics": metrics,
+        "step": progress.step,
+        "epoch": progress.epoch,
+        "best": progress.best,
+        "stopped": stopped,
+        "model": model,
+    }
+
+
+def train_one_epoch(loop: Loop, loader) -> tuple[dict | None, str | None]:
     """Train to the end of the epoch or until a stop is due (signal, train.max_steps).
 
-    Returns (stats, stop reason or None, whether the epoch ran to its end)."""
+    Returns the epoch's stats (None when it stopped before its end) and the stop reason."""
     cfg, progress, device = loop.cfg, loop.progress, loop.device
     loop.net.train()
     accum = cfg.train.grad_accum_steps
@@ -249,7 +285,7 @@ def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:
         disable=None if loop.dist.is_main else True,
         desc=f"epoch {progress.epoch + 1}/{cfg.train.epochs}",
     )
-    i = steps_left - 1  # a resumed epoch may have nothing left to do
+    finished = True  # also when a resumed epoch has nothing left to do
     for i in range(steps_left):
         for micro in range(accum):
             x, y = to_device(next(batches), device)
@@ -276,10 +312,12 @@ def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:
 
         last = i == steps_left - 1
         at_limit = 0 < cfg.train.max_steps <= progress.step
-        # Every rank must reach the collective below at the same step, so a signal (seen by
-        # one rank first) only cuts the interval short in a single process.
-        local_stop = loop.stop.requested and not distributed.is_distributed()
-        if progress.step % cfg.run.log_every == 0 or last or at_limit or local_stop:
+        log_now = progress.step % cfg.run.log_every == 0 or last or at_limit
+        if not log_now and loop.vote.due(progress.step):
+            # Ranks compare stop requests every couple of seconds (distributed.StopVote); a
+            # stop is logged like the end of an interval.
+            log_now = loop.vote(progress.step)
+        if log_now:
             avg, any_stop = read_losses(loop, losses, since_log)
             epoch_loss, epoch_steps = epoch_loss + avg * since_log, epoch_steps + since_log
             losses.clear()
@@ -295,13 +333,16 @@ def train_one_epoch(loop: Loop, loader) -> tuple[dict, str | None, bool]:
         if at_limit:
             stopped = stopped or "max_steps"
         if stopped:
+            finished = last
             break
     bar.close()
+    if not finished:
+        return None, stopped
     stats = {
         "loss": epoch_loss / max(epoch_steps, 1),
         "samples": epoch_steps * loop.effective_batch,
     }
-    return stats, stopped, i == steps_left - 1
+    return stats, stopped
 
 
 def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[float, bool]:
@@ -366,14 +407,14 @@ def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_b
     row = {
         "epoch": loop.progress.epoch,
         "step": loop.progress.step,
-        "train/loss": stats["loss"],
+        "train/epoch_loss": stats["loss"],  # train/loss is the per-step curve
         "val/loss": metrics["loss"],
         "val/acc": metrics["acc"],
         "lr": loop.scheduler.get_last_lr()[0],
         "time/train_s": train_time,
         "throughput/samples_per_s": stats["samples"] / train_time,
-        "memory/peak_mb": peak_memory_mb(loop.device),
     }
+    memory_name, row[memory_name] = memory_mb(loop.device)
     loop.log.epoch(row)
     if loop.dist.is_main:
         tqdm.write(
@@ -381,5 +422,6 @@ def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_b
             f"val loss {metrics['loss']:.4f} acc {metrics['acc']:.4f}"
             f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
             f"{row['throughput/samples_per_s']:.0f} samples/s | "
-            f"peak mem {row['memory/peak_mb']:.0f} MB"
+            f"{memory_name.split('/')[1].removesuffix('_mb').replace('_', ' ')} "
+            f"{row[memory_name]:.0f} MB"
         )

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..config import DataConfig
 from ..errors import ConfigError
 from ..utils.seed import seed_worker
+from ..utils.signals import ignore_stop_signals
 from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
@@ -60,10 +61,15 @@ def build_loader(
         collate_fn=_already_batched if hasattr(dataset, "__getitems__") else None,
         pin_memory=pin_memory,
         persistent_workers=workers > 0,  # keep workers (and their warm caches) across epochs
-        worker_init_fn=seed_worker,
+        worker_init_fn=_init_worker,
         # A private generator: worker seeds come from (seed, rank), not the global RNG stream.
         generator=torch.Generator().manual_seed(seed + 1000 * rank),
     )
+
+
+def _init_worker(worker_id: int) -> None:
+    seed_worker(worker_id)
+    ignore_stop_signals()  # the training process saves on SIGTERM; workers must outlive it
 
 
 def _already_batched(batch):

@@ -1,7 +1,9 @@
-"""Device choice, backend switches and the one place that moves batches to the device."""
+"""Device choice, mixed precision, backend switches and the one place that moves batches to
+the device."""
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 
@@ -33,23 +35,51 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether bf16 runs natively (fast) on `device`. `torch.cuda.is_bf16_supported()` also
+    counts emulation: V100 and T4 (compute capability 7.x) report bf16 but run it slowly."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type == "mps":  # bf16 on Apple GPUs needs macOS 14
+        newer = getattr(torch.backends.mps, "is_macos_or_newer", None)
+        return bool(newer and newer(14, 0))
+    return True  # CPU autocast computes bf16 on any x86/Arm CPU (fast with AVX512-BF16/AMX)
+
+
+def default_amp(device: torch.device) -> str:
+    """The fastest safe mode: bf16 where native, fp16 (with a GradScaler) on older GPUs."""
+    if device.type == "cuda":
+        return "bf16" if native_bf16(device) else "fp16"
+    return "off"
+
+
 def check_amp(amp: str, device: torch.device) -> None:
-    """Refuse a mixed-precision mode the device cannot run, before anything is written."""
+    """Refuse a mixed-precision mode the device cannot run well, before anything is written."""
     if amp == "fp16" and device.type == "cpu":
         raise ConfigError("train.amp=fp16 needs a GPU; use train.amp=bf16 on CPU (or off)")
-    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        name = torch.cuda.get_device_name(device)
-        raise ConfigError(f"train.amp=bf16 is not supported on {name}; use train.amp=fp16")
+    if amp == "bf16" and not native_bf16(device):
+        if device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(device)
+            where = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+        else:
+            where = "MPS before macOS 14"
+        raise ConfigError(
+            f"train.amp=bf16 is emulated (slow) on {where}; use train.amp=fp16, which "
+            "adds loss scaling, or train.amp=off"
+        )
 
 
 def autocast(device: torch.device, amp: str):
     """The mixed-precision context for train.amp (off / bf16 / fp16) on this device."""
-    return torch.autocast(device.type, AMP_DTYPES.get(amp), enabled=amp != "off")
+    if amp == "off":
+        # Not even a disabled torch.autocast: torch < 2.5 refuses to build one for "mps".
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, AMP_DTYPES[amp])
 
 
 def configure_backends(device: torch.device, tf32: bool, deterministic: bool) -> None:
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # one process on cuda:N (torchrun ranks: distributed.py)
         # TF32 keeps fp32 range with a 10-bit mantissa: ~free speed on Ampere+ for training.
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
@@ -68,9 +98,15 @@ def to_device(batch, device: torch.device):
     return batch
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak accelerator memory since the last reset, or the process's peak RSS on CPU."""
+def memory_mb(device: torch.device) -> tuple[str, float]:
+    """(metric name, MB): on CUDA the peak allocation since the last call (so each epoch has
+    its own), on MPS the driver's current allocation (MPS keeps no peak), on CPU the process's
+    peak resident memory."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB else
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        torch.cuda.reset_peak_memory_stats(device)
+        return "memory/cuda_peak_mb", peak
+    if device.type == "mps":
+        return "memory/mps_driver_mb", torch.mps.driver_allocated_memory() / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS, KiB elsewhere
+    return "memory/rss_peak_mb", rss / 2**20 if sys.platform == "darwin" else rss / 2**10

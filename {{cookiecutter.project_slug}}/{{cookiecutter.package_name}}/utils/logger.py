@@ -1,4 +1,4 @@
-"""Metric logging: a CSV row per epoch, TensorBoard scalars per log step, one summary per run.
+"""Metric logging: a CSV row per epoch, TensorBoard scalars per log step, one row per run.
 
 Only rank 0 creates a logger; the others get a disabled one, so callers never branch on rank.
 """
@@ -6,16 +6,27 @@ Only rank 0 creates a logger; the others get a disabled one, so callers never br
 from __future__ import annotations
 
 import csv
+import os
 import time
 from pathlib import Path
+
+try:
+    import fcntl  # serialises runs.csv updates of runs that end at the same time
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 
 class MetricLogger:
     def __init__(self, run_dir: Path | None, tensorboard: bool = True, start_step: int = 0):
+        """`start_step`: the step the run (re)starts from. What an earlier attempt logged after
+        it (a crash after the checkpoint, a corrupt newest checkpoint) is dropped, so curves
+        and metrics.csv hold one value per step."""
         self.run_dir = run_dir
         self.tensorboard = tensorboard and run_dir is not None
         self.start_step = start_step
         self._writer = None
+        if run_dir is not None:
+            _drop_rows_after(run_dir / "metrics.csv", start_step)
 
     @property
     def enabled(self) -> bool:
@@ -29,8 +40,8 @@ class MetricLogger:
             # Imported on first use: TensorBoard costs ~1 s of import time at start-up.
             from torch.utils.tensorboard import SummaryWriter
 
-            # purge_step drops events a crashed run wrote after the checkpoint we resumed from.
-            purge = self.start_step or None
+            # Hides events an earlier attempt wrote at steps after the one resumed from.
+            purge = self.start_step + 1
             self._writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
         for key, value in values.items():
             self._writer.add_scalar(key, value, step)
@@ -48,9 +59,18 @@ class MetricLogger:
             self._writer = None
 
 
-def append_run_summary(output_dir: Path, row: dict) -> None:
-    """One line per finished run in <output_dir>/runs.csv: the experiment table (seed §6.3)."""
-    _append_csv(output_dir / "runs.csv", {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row})
+def record_run(output_dir: Path, row: dict) -> None:
+    """The run's line in <output_dir>/runs.csv, the table of experiments (seed §6.3): one row
+    per run, replaced when the run is extended, under one header (the union of all rows')."""
+    path = output_dir / "runs.csv"
+    row = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row}
+    with open(output_dir / ".runs.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = [r for r in _read_csv(path) if r.get("run") != str(row["run"])]
+        rows.append(_formatted(row))
+        header = list(dict.fromkeys(key for r in rows for key in r))
+        _write_csv(path, header, rows)
 
 
 def _append_csv(path: Path, row: dict) -> None:
@@ -60,4 +80,32 @@ def _append_csv(path: Path, row: dict) -> None:
         writer = csv.DictWriter(f, fieldnames=list(row))
         if new:
             writer.writeheader()
-        writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        writer.writerow(_formatted(row))
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    rows = _read_csv(path)
+    kept = [row for row in rows if int(float(row.get("step") or 0)) <= step]
+    if len(kept) < len(rows):
+        _write_csv(path, list(rows[0]), kept)
+
+
+def _read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
+    """Rewrite through a temporary file and a rename: a crash leaves the old file or the new."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def _formatted(row: dict) -> dict:
+    return {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()}

@@ -46,19 +46,29 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() captured. Tensors may arrive on any device (a checkpoint
+    loaded with another map_location): the generators take CPU byte tensors only."""
     random.setstate(_as_tuples(state["python"]))
     np_state = state["numpy"]
     np.random.set_state(
         {
             "bit_generator": "MT19937",
-            "state": {"key": np_state["key"].numpy().astype(np.uint32), "pos": np_state["pos"]},
+            "state": {
+                "key": _cpu(np_state["key"]).numpy().astype(np.uint32),
+                "pos": np_state["pos"],
+            },
             "has_gauss": np_state["has_gauss"],
             "gauss": np_state["gauss"],
         }
     )
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_cpu(state["torch"]))
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+        cuda = [_cpu(s) for s in state["cuda"]]
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
+def _cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.cpu() if tensor.device.type != "cpu" else tensor
 
 
 def _as_tuples(value):

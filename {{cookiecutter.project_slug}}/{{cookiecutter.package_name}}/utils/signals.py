@@ -28,3 +28,12 @@ class StopSignal:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+def ignore_stop_signals() -> None:
+    """For DataLoader workers. torchrun (os.killpg) and SLURM (scancel) signal every process of
+    a job, workers included; a worker that dies of SIGTERM makes the training process raise
+    mid-step, before it can save. Ignoring the signals lets the training process stop at its
+    own pace; the workers still end through the loader's shutdown."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

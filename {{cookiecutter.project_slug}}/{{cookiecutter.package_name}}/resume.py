@@ -1,0 +1,76 @@
+"""Continuing a run: which checkpoint (rank 0 chooses, every rank reads the same file), what
+changed since it was saved, and whether anything is left to train."""
+
+from __future__ import annotations
+
+from . import checkpoint, distributed
+from .config import Config, to_dict
+from .distributed import DistInfo
+from .errors import CheckpointError, ConfigError, UserError
+
+# Settings a resumed run cannot change: the seed fixes the data order that the saved position
+# points into, and the warm-up is already (partly) done.
+FIXED = ("run.seed", "train.warmup_steps")
+# Settings that say how to start, not how to train.
+NOT_SETTINGS = ("train.resume", "train.init_from")
+
+
+def load_state(cfg: Config, dist: DistInfo, ckpts: checkpoint.CheckpointManager) -> dict | None:
+    """The training state to continue from, per train.resume, on every rank; None for a fresh
+    run. Rank 0 decides, holding the run folder's lock, and every rank reads that one file: if
+    ranks chose on their own, one failed read (or a node without the shared filesystem) would
+    leave them at different steps. Any rank's failure stops every rank with one line."""
+    found, error = None, None
+    if dist.is_main:
+        try:
+            if ckpts.run_dir.exists():
+                ckpts.lock()  # before reading: a live run may still be writing here
+            found = ckpts.find(cfg.train.resume, cfg.run.name)
+        except UserError as exc:
+            error = exc
+    path, error = distributed.broadcast_object((str(found[1]) if found else None, error))
+    if error is not None:
+        raise error
+    if path is None:
+        return None
+    state, problem = found[0] if found else None, None
+    if state is None:
+        try:
+            state = checkpoint.check_training_state(checkpoint.load(path), path)
+        except UserError as exc:
+            problem = str(exc)
+    for rank, failure in enumerate(distributed.all_gather_object(problem)):
+        if failure:
+            raise CheckpointError(f"rank {rank} cannot read the checkpoint to resume: {failure}")
+    return state
+
+
+def changes(state: dict, cfg: Config) -> list[str]:
+    """The settings that differ from the checkpoint's, as "key old -> new"; refuses FIXED ones.
+    Everything else applies from the resumed step on (see optim.continue_schedule)."""
+    old, new = _flat(state["config"]), _flat(to_dict(cfg))
+    out = []
+    for key, value in new.items():
+        if key in NOT_SETTINGS or key not in old or old[key] == value:
+            continue
+        if key in FIXED:
+            raise ConfigError(
+                f"{key}={value} differs from the checkpoint's {old[key]}; a resumed run keeps "
+                f"it: drop the override, or start a new run (run.name=<new name>)"
+            )
+        out.append(f"{key} {old[key]} -> {value}")
+    return out
+
+
+def is_complete(cfg: Config, step: int, epoch: int) -> bool:
+    return epoch >= cfg.train.epochs or 0 < cfg.train.max_steps <= step
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

@@ -80,3 +80,10 @@ def test_one_gpu_index_for_several_ranks_is_refused(monkeypatch, device):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=f"run.device={device} would put all 2 ranks on one GPU"):
         distributed.setup(device)
+
+
+def test_mixed_precision_on_mps_needs_torch_2_5(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.4.1")
+    with pytest.raises(ConfigError, match=r"train.amp=fp16 on MPS needs torch >= 2.5"):
+        devices.check_amp("fp16", torch.device("mps"))
+    devices.check_amp("off", torch.device("mps"))

@@ -79,7 +79,8 @@ import sys, torch
 from pathlib import Path
 from {{ cookiecutter.package_name }}.checkpoint import CheckpointManager
 manager = CheckpointManager(Path(sys.argv[1]), keep_last=2)
-state = {"model": {"w": torch.randn(1_000_000)}, "progress": {"step": 0}}
+state = {"model": {"w": torch.randn(1_000_000)}, "progress": {"step": 0}, "config": {}}
+state.update(optimizer={}, scheduler={}, scaler={})
 step = 0
 while True:
     step += 1

@@ -57,6 +57,11 @@ def check_amp(amp: str, device: torch.device) -> None:
     """Refuse a mixed-precision mode the device cannot run well, before anything is written."""
     if amp == "fp16" and device.type == "cpu":
         raise ConfigError("train.amp=fp16 needs a GPU; use train.amp=bf16 on CPU (or off)")
+    if amp != "off" and device.type == "mps" and _torch_older_than(2, 5):
+        raise ConfigError(
+            f"train.amp={amp} on MPS needs torch >= 2.5 (this is {torch.__version__}); "
+            "upgrade torch or use train.amp=off"
+        )
     if amp == "bf16" and not native_bf16(device):
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device)
@@ -67,6 +72,11 @@ def check_amp(amp: str, device: torch.device) -> None:
             f"train.amp=bf16 is emulated (slow) on {where}; use train.amp=fp16, which "
             "adds loss scaling, or train.amp=off"
         )
+
+
+def _torch_older_than(major: int, minor: int) -> bool:
+    version = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    return version < (major, minor)
 
 
 def autocast(device: torch.device, amp: str):

@@ -10,10 +10,11 @@
 # Activate the project's environment before sbatch; the job inherits it.
 #
 # Time limit: SLURM sends USR1 to this script 120 s before the limit (--signal=B:USR1@120). The
-# trap sends SIGTERM to torchrun and its workers; the workers stop at their next log step
-# (run.log_every), save last.pt and exit with 75; then the script requeues the job (--requeue),
-# which starts again with train.resume=auto. A job that SLURM preempts gets SIGTERM directly and
-# saves the same way, within the cluster's grace time.
+# trap sends SIGTERM to every process of the job step (torchrun forwards TERM, not USR1, to its
+# workers; loader workers ignore it); the ranks agree to stop within ~2 s, save last.pt and exit
+# with 75; then the script requeues the job (--requeue), which starts again with
+# train.resume=auto. A job that SLURM preempts gets SIGTERM directly and saves the same way,
+# within the cluster's grace time.
 #
 #SBATCH --job-name=train
 #SBATCH --nodes=2

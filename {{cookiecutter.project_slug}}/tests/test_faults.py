@@ -17,6 +17,7 @@ from conftest import ROOT, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
 
 
@@ -77,8 +78,8 @@ def test_sigterm_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_on
 _SAVER = """
 import sys, torch
 from pathlib import Path
-from {{ cookiecutter.package_name }}.checkpoint import CheckpointManager
-manager = CheckpointManager(Path(sys.argv[1]), keep_last=2)
+from {{ cookiecutter.package_name }}.run_folder import RunFolder
+manager = RunFolder(Path(sys.argv[1]), keep_last=2)
 state = {"model": {"w": torch.randn(1_000_000)}, "progress": {"step": 0}, "config": {}}
 state.update(optimizer={}, scheduler={}, scaler={})
 step = 0
@@ -110,7 +111,7 @@ def test_kill_9_during_saves_never_leaves_an_unloadable_checkpoint(tmp_path):
             if path.exists():
                 state = checkpoint.load(path)  # raises if truncated
                 assert state["model"]["w"].numel() == 1_000_000
-        found = checkpoint.CheckpointManager(folder, 2).latest()
+        found = RunFolder(folder, 2).latest()
         assert found is not None
 
 

@@ -20,6 +20,7 @@ from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler, continue_schedule
+from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
 
 
@@ -53,7 +54,7 @@ def step_state(step: int) -> dict:
 
 
 def test_resume_falls_back_to_best_when_every_step_file_is_corrupt(tmp_path):
-    manager = checkpoint.CheckpointManager(tmp_path, keep_last=1)
+    manager = RunFolder(tmp_path, keep_last=1)
     manager.save(step_state(1), 1, is_best=True)
     manager.save(step_state(2), 2, is_best=False)  # prunes step 1: best.pt keeps its data
     clobber(tmp_path / "step-00000002.pt")  # last.pt is the same file
@@ -90,7 +91,7 @@ def test_a_failed_read_stops_the_run_and_renames_nothing(tiny, monkeypatch, fail
 
 def test_a_second_process_on_a_run_folder_gets_one_line(tiny):
     fit(load_config(None, [*tiny, "train.max_steps=2"]))
-    holder = checkpoint.CheckpointManager(run_dir(tiny), keep_last=2)
+    holder = RunFolder(run_dir(tiny), keep_last=2)
     holder.lock()  # as a run still training would
     try:
         with pytest.raises(ConfigError, match=f"held by pid {os.getpid()}.*another run.name"):
@@ -103,7 +104,7 @@ def test_a_second_process_on_a_run_folder_gets_one_line(tiny):
 def test_a_killed_run_leaves_no_stale_lock(tiny):
     folder = run_dir(tiny)
     code = "import sys, time; from pathlib import Path; from {{ cookiecutter.package_name }}"
-    code += ".checkpoint import CheckpointManager as M; M(Path(sys.argv[1]), 1).lock()"
+    code += ".run_folder import RunFolder as M; M(Path(sys.argv[1]), 1).lock()"
     code += "; print('locked', flush=True); time.sleep(60)"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
@@ -111,7 +112,7 @@ def test_a_killed_run_leaves_no_stale_lock(tiny):
     )
     assert proc.stdout.readline().strip() == "locked"
     with pytest.raises(ConfigError, match="is in use"):
-        checkpoint.CheckpointManager(folder, 1).lock()
+        RunFolder(folder, 1).lock()
     proc.kill()
     proc.wait()
     assert fit(load_config(None, tiny))["epoch"] == 2  # kill -9 released the lock
@@ -315,9 +316,9 @@ def test_checkpoints_are_read_on_the_cpu(tiny, monkeypatch):
 # during the final save, SIGUSR1 during teardown. Only the first may count.
 _SIGNALLED = """
 import os, signal, sys
-from {{ cookiecutter.package_name }} import checkpoint, cli, distributed, trainer
+from {{ cookiecutter.package_name }} import cli, distributed, run_folder, trainer
 
-read, save, teardown = trainer.read_losses, checkpoint.CheckpointManager.save, distributed.teardown
+read, save, teardown = trainer.read_losses, run_folder.RunFolder.save, distributed.teardown
 
 def read_losses(loop, *args):
     if loop.progress.step == 3:
@@ -332,7 +333,7 @@ def tearing_down():
     teardown()
     os.kill(os.getpid(), signal.SIGUSR1)
 
-trainer.read_losses, checkpoint.CheckpointManager.save = read_losses, saving
+trainer.read_losses, run_folder.RunFolder.save = read_losses, saving
 distributed.teardown = tearing_down
 raise SystemExit(cli.train_main(sys.argv[1:]))
 """

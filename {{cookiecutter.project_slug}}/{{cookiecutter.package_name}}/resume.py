@@ -7,6 +7,7 @@ from . import checkpoint, distributed
 from .config import Config, to_dict
 from .distributed import DistInfo
 from .errors import CheckpointError, ConfigError, UserError
+from .run_folder import RunFolder
 
 # Settings a resumed run cannot change: the seed fixes the data order that the saved position
 # points into, and the warm-up is already (partly) done.
@@ -15,7 +16,7 @@ FIXED = ("run.seed", "train.warmup_steps")
 NOT_SETTINGS = ("train.resume", "train.init_from")
 
 
-def load_state(cfg: Config, dist: DistInfo, ckpts: checkpoint.CheckpointManager) -> dict | None:
+def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> dict | None:
     """The training state to continue from, per train.resume, on every rank; None for a fresh
     run. Rank 0 decides, holding the run folder's lock, and every rank reads that one file: if
     ranks chose on their own, one failed read (or a node without the shared filesystem) would

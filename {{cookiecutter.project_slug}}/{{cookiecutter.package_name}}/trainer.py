@@ -27,6 +27,7 @@ from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
+from .run_folder import RunFolder
 from .utils.device import autocast, check_amp, configure_backends, memory_mb, to_device
 from .utils.logger import MetricLogger, record_run
 from .utils.seed import rng_state, seed_everything
@@ -118,7 +119,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     progress = Progress()
 
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    ckpts = checkpoint.CheckpointManager(run_dir, cfg.train.keep_last)
+    ckpts = RunFolder(run_dir, cfg.train.keep_last)
     log = MetricLogger(None)
     try:
         # Resume: continue this run exactly, or refuse to overwrite a run that exists.
@@ -216,7 +217,7 @@ def build_net(cfg: Config, train_set, device: torch.device, dist: DistInfo) -> n
     return model.to(device, memory_format=memory_format)
 
 
-def open_run_folder(cfg: Config, ckpts: checkpoint.CheckpointManager, step: int) -> MetricLogger:
+def open_run_folder(cfg: Config, ckpts: RunFolder, step: int) -> MetricLogger:
     """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on."""
     ckpts.lock()
     ckpts.remove_stale_temporaries()
@@ -386,7 +387,7 @@ def evaluate(model: nn.Module, loader, device: torch.device, amp: str = "off") -
     return {"loss": loss / count, "acc": correct / count, "count": int(count)}
 
 
-def save(loop: Loop, ckpts: checkpoint.CheckpointManager, is_best: bool) -> None:
+def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
     rngs = distributed.all_gather_object(rng_state())  # a collective: every rank calls it
     if loop.dist.is_main:
         state = checkpoint.training_state(

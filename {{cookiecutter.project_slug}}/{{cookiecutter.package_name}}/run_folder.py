@@ -1,0 +1,140 @@
+"""A run folder and its checkpoints: <run.output_dir>/<run.name>/ holds step-00001234.pt
+(the newest `keep_last`), last.pt and best.pt (hard links to step files, so they cost no
+space), config.yaml, metrics.csv, tb/ and .lock (held by the process that trains the run).
+
+RunFolder saves with keep-last-k, chooses what train.resume continues from, and holds the
+lock; what a checkpoint holds and how it is read and written is checkpoint.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from . import checkpoint
+from .errors import CheckpointError, ConfigError
+
+try:
+    import fcntl  # advisory locks (Linux, macOS); elsewhere runs go without the folder lock
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+
+class RunFolder:
+    """A run folder's checkpoints: saving with keep-last-k, choosing what to resume from, and
+    the lock that keeps a second process out of the folder."""
+
+    def __init__(self, run_dir: Path, keep_last: int):
+        self.run_dir, self.keep_last = run_dir, keep_last
+        self._lock_fd: int | None = None
+
+    def step_files(self) -> list[Path]:
+        return sorted(self.run_dir.glob("step-*.pt"), reverse=True)  # newest first
+
+    def checkpoint_files(self) -> list[Path]:
+        """Every checkpoint of the run, loadable or not (files set aside as *.bad included)."""
+        patterns = ("step-*.pt", "step-*.pt.bad", "last.pt", "best.pt")
+        return [path for pattern in patterns for path in sorted(self.run_dir.glob(pattern))]
+
+    def save(self, state: dict, step: int, is_best: bool) -> Path:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / f"step-{step:08d}.pt"
+        checkpoint.atomic_save(state, path)
+        _atomic_link(path, self.run_dir / "last.pt")
+        if is_best:
+            _atomic_link(path, self.run_dir / "best.pt")
+        for old in self.step_files()[self.keep_last :]:
+            old.unlink(missing_ok=True)  # best.pt is its own link: pruning keeps its data
+        return path
+
+    def find(self, resume: str, run_name: str, say=print) -> tuple[dict, Path] | None:
+        """What train.resume asks to continue from: "" nothing (a fresh run, refused where the
+        run has checkpoints); "auto" the newest checkpoint that loads, nothing where the
+        folder has none, an error where it has some and none loads; else the path given."""
+        if resume == "auto":
+            found = self.latest(warn=say, quarantine=True)
+            if found is None and self.checkpoint_files():
+                names = ", ".join(path.name for path in self.checkpoint_files())
+                raise CheckpointError(
+                    f"no checkpoint of run {run_name!r} loads ({names} in {self.run_dir}); "
+                    "resume from a good file with train.resume=PATH, or start a new run with "
+                    "run.name=<new name>"
+                )
+            if found is None:
+                say(f"train.resume=auto: no checkpoint in {self.run_dir}, starting fresh")
+            return found
+        if resume:
+            return checkpoint.check_training_state(checkpoint.load(resume), resume), Path(resume)
+        if self.checkpoint_files():
+            raise ConfigError(
+                f"run {run_name!r} already exists in {self.run_dir}; continue it with "
+                "train.resume=auto, or start a new one with run.name=<new name>"
+            )
+        return None
+
+    def latest(self, warn=print, quarantine=False) -> tuple[dict, Path] | None:
+        """Newest checkpoint that loads among the step files, last.pt and best.pt.
+
+        A file whose bytes are not a checkpoint is reported and the next one tried; with
+        `quarantine` a step file that fails so is renamed *.bad (kept for a look, out of the
+        way of pruning). Any other failure (I/O, memory) stops here and renames nothing:
+        falling back to an older file would lose the newer one's work at the next prune."""
+        tried = set()
+        for path in [*self.step_files(), self.run_dir / "last.pt", self.run_dir / "best.pt"]:
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            if (stat.st_dev, stat.st_ino) in tried:  # last.pt and best.pt link to step files
+                continue
+            tried.add((stat.st_dev, stat.st_ino))
+            try:
+                return checkpoint.check_training_state(checkpoint.load(path), path), path
+            except checkpoint.CorruptCheckpoint as exc:
+                warn(f"warning: skipping {exc}")
+                if quarantine and path.name.startswith("step-"):
+                    path.rename(path.with_name(path.name + ".bad"))
+        return None
+
+    def lock(self) -> None:
+        """Hold the run folder for this process: a second one (a duplicate job, a resume while
+        the run still trains) gets one line instead of a race over the same files. The OS
+        releases the lock when the process ends, by kill -9 too: no stale lock is left."""
+        if self._lock_fd is not None or fcntl is None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(
+                f"run folder {str(self.run_dir)!r} is in use ({holder}); wait for that run to "
+                "end or stop it, or choose another run.name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"held by pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def remove_stale_temporaries(self) -> None:
+        """Temporary files left by a run killed mid-save (never read: the rename never ran)."""
+        for tmp in self.run_dir.glob(".*.tmp*"):
+            tmp.unlink(missing_ok=True)
+
+
+def _atomic_link(target: Path, link: Path) -> None:
+    tmp = link.with_name(f".{link.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(target, tmp)
+    except OSError:  # a filesystem without hard links: copy instead
+        shutil.copyfile(target, tmp)
+    os.replace(tmp, link)

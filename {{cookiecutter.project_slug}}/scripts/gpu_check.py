@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -77,6 +77,7 @@ class Check:
     machine: Machine
     workdir: Path  # this check's own folder
     deadline: float  # time.monotonic() by which the whole check must be done
+    started: list[subprocess.Popen] = field(default_factory=list)
 
     def overrides(self, name: str, *more: str) -> list[str]:
         """TINY on this device, writing run `name` under the check's folder."""
@@ -104,17 +105,15 @@ class Check:
                 start_new_session=True,
             )
         proc.log = log
+        self.started.append(proc)
         return proc
 
     def wait(self, proc: subprocess.Popen, expect: int = 0) -> str:
         """Wait for `proc` (killing its group at the deadline); its output, or Failed."""
         try:
             code = proc.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
-        except BaseException as exc:  # the deadline, or Ctrl-C (the new session doesn't see it)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            if not isinstance(exc, subprocess.TimeoutExpired):
-                raise
+        except subprocess.TimeoutExpired:
+            self.kill_all()
             command = " ".join(proc.args[1:3])
             raise Failed(f"timed out (see --timeout): {command}", tail(proc.log)) from None
         output = proc.log.read_text(errors="replace")
@@ -125,6 +124,13 @@ class Check:
 
     def run(self, *args: str, expect: int = 0) -> str:
         return self.wait(self.start(*args), expect)
+
+    def kill_all(self) -> None:
+        """Stop what this check started and is still running, ranks and loader workers too."""
+        for proc in self.started:
+            if proc.poll() is None:  # not reaped yet, so its group id is still its own
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
     def python(self, *args: str, expect: int = 0) -> str:
         return self.run(sys.executable, *args, expect=expect)
@@ -193,6 +199,11 @@ def amp_run(c: Check, amp: str) -> str:
     if scaled != (amp == "fp16"):
         raise Failed(f"GradScaler {'on' if scaled else 'off'} with train.amp={amp}")
     return last_epoch_line(out)
+
+
+def last_epoch_line(output: str) -> str:
+    epochs = [line for line in output.splitlines() if line.startswith("epoch ")]
+    return epochs[-1].split(" | lr")[0] if epochs else "no epoch line"
 
 
 def check_bf16(c: Check) -> str:
@@ -297,11 +308,6 @@ CHECKS = {
 }
 
 
-def last_epoch_line(output: str) -> str:
-    epochs = [line for line in output.splitlines() if line.startswith("epoch ")]
-    return epochs[-1].split(" | lr")[0] if epochs else "no epoch line"
-
-
 # ---- running them ----
 
 
@@ -329,15 +335,17 @@ def describe(machine: Machine) -> str:
 def run_check(name: str, machine: Machine, workdir: Path, timeout: float) -> dict:
     workdir.mkdir(parents=True)
     start = time.monotonic()
-    output = ""
+    output, check = "", Check(machine, workdir, start + timeout)
     try:
-        status, detail = "pass", CHECKS[name](Check(machine, workdir, start + timeout))
+        status, detail = "pass", CHECKS[name](check)
     except Skipped as exc:
         status, detail = "skip", str(exc)
     except Failed as exc:
         status, detail, output = "FAIL", str(exc), exc.output
     except Exception as exc:  # a bug or a surprise in the check itself is a failure too
         status, detail = "FAIL", f"{type(exc).__name__}: {exc}"
+    finally:  # also on Ctrl-C, which the subprocesses' own sessions do not receive
+        check.kill_all()
     seconds = time.monotonic() - start
     print(f"{status} ({seconds:.1f}s)", flush=True)
     if output:

@@ -38,6 +38,7 @@ EXPECTED = {
     "scripts/slurm_train.sh",
     "scripts/benchmark_dataloader.py",
     "scripts/benchmark_gpu.py",
+    "scripts/gpu_check.py",
     "PKG/__init__.py",
     "PKG/cli.py",
     "PKG/config.py",
@@ -68,6 +69,7 @@ EXPECTED = {
     "tests/test_doctor.py",
     "tests/test_benchmarks.py",
     "tests/test_cuda.py",
+    "tests/test_gpu_check.py",
 }
 
 AWKWARD = {

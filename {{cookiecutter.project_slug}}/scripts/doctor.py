@@ -2,8 +2,8 @@
 
 One line per check: Python version and active virtual/conda env; `import torch` (in a subprocess,
 so a broken CUDA install can't take the doctor down); the build (CUDA, cuDNN, MPS); the NVIDIA
-driver (nvidia-smi) cross-checked against the build; a tiny GPU matmul, bf16, NCCL and TF32 when
-CUDA works; the dependencies and the project package (from .cookiecutter.json) import.
+driver (nvidia-smi) cross-checked against the build; a tiny GPU matmul, native bf16, NCCL and
+TF32 when CUDA works; the dependencies and the project package (from .cookiecutter.json) import.
 
     python scripts/doctor.py [--json]     # or: make doctor.  Exits 1 if any check fails.
 """
@@ -45,7 +45,7 @@ f["cuda_warning"] = next((str(w.message).strip().splitlines()[0] for w in caught
 if f["cuda_available"]:
     f["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     f["capability"] = list(torch.cuda.get_device_capability(0))
-    f["bf16"] = torch.cuda.is_bf16_supported()
+    f["bf16"] = torch.cuda.is_bf16_supported()  # True where bf16 is only emulated, too
     f["nccl"] = torch.distributed.is_available() and torch.distributed.is_nccl_available()
     f["tf32"] = torch.get_float32_matmul_precision()
     try:
@@ -275,8 +275,12 @@ def healthy_cuda(t: dict) -> list[Check]:
     err = t["matmul_error"]
     bad = f"tiny matmul on cuda:0 failed ({err}): install a newer CUDA wheel"
     checks.append(pick(not err, "tiny matmul on cuda:0 matches the CPU", bad, "FAIL"))
-    bf16 = "no bf16 on this GPU: use fp16 autocast with a GradScaler"
-    checks.append(pick(t["bf16"], "bf16 supported", bf16))
+    # bf16 tensor cores start with Ampere (8.0). torch.cuda.is_bf16_supported() also says True
+    # on V100/T4, where bf16 is emulated and slower than fp16: the capability decides.
+    emulated = " (torch emulates it, slowly)" if t["bf16"] else ""
+    bf16 = f"no native bf16 on compute capability {major}.{minor}{emulated}: use "
+    bf16 += "train.amp=fp16 (fp16 autocast with a GradScaler)"
+    checks.append(pick(major >= 8, "native bf16: train.amp=bf16 is the fast choice", bf16))
     nccl = "NCCL not available: multi-GPU DDP needs the gloo backend"
     checks.append(pick(t["nccl"], "NCCL available (multi-GPU DDP)", nccl))
     if major >= 8:  # Ampere+: TF32 makes fp32 matmuls several times faster

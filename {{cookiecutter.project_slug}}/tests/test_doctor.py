@@ -156,6 +156,27 @@ def test_weak_gpu_warns_and_broken_matmul_fails():
     assert not any("TF32" in c.message for c in checks)
 
 
+@pytest.mark.parametrize(
+    ("capability", "bf16", "native"),
+    [
+        ([9, 0], True, True),  # H100
+        ([8, 0], True, True),  # A100
+        ([7, 0], True, False),  # V100: torch.cuda.is_bf16_supported() counts emulation
+        ([7, 5], False, False),  # T4, as an older torch reports it
+    ],
+)
+def test_bf16_is_native_only_from_compute_capability_8(capability, bf16, native):
+    checks = doctor.diagnose_cuda(facts(torch={"capability": capability, "bf16": bf16}))
+    (check,) = [c for c in checks if "bf16" in c.message]
+    if native:
+        assert check == ("ok", "native bf16: train.amp=bf16 is the fast choice")
+        return
+    major, minor = capability
+    assert check.status == "warn" and f"compute capability {major}.{minor}" in check.message
+    assert "train.amp=fp16" in check.message and "GradScaler" in check.message
+    assert ("emulates it" in check.message) == bf16
+
+
 def test_old_python_and_system_interpreter():
     py = {"version": "3.9.18", "requires": [3, 10], "env": None, "executable": "/usr/bin/python3"}
     checks = doctor.diagnose_python(facts(python=py))

@@ -1,0 +1,129 @@
+"""Tests for scripts/gpu_check.py without a GPU: the list of checks, the no-GPU exit, how a
+check passes, fails, skips or times out, and a few real checks on CPU (--allow-cpu). On a CUDA
+machine the script itself is the test: `make gpu-check`."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from conftest import ROOT, run_script
+
+SCRIPT = "scripts/gpu_check.py"
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # hides any GPU, so these tests mean the same everywhere
+# scripts/ is not a package, so load the module from its path.
+spec = importlib.util.spec_from_file_location("gpu_check", ROOT / SCRIPT)
+gpu_check = importlib.util.module_from_spec(spec)
+sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up there
+spec.loader.exec_module(gpu_check)
+
+
+def table(stdout: str) -> dict[str, tuple[str, str]]:
+    """The summary table's rows: check -> (result, detail)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("check "))
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        name, status, _seconds, detail = line.split(maxsplit=3)
+        rows[name] = (status, detail)
+    return rows
+
+
+def test_list_names_every_check_in_order():
+    done = run_script(SCRIPT, "--list")
+    assert done.returncode == 0, done.stderr
+    names = [line.split()[0] for line in done.stdout.splitlines()]
+    assert names == list(gpu_check.CHECKS)
+    assert set(names) >= {"tests", "resume", "bf16", "fp16", "compile", "distributed"}
+    assert set(names) >= {"preemption", "smoke", "benchmark"}
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
+    done = run_script(SCRIPT, env=NO_GPU)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.startswith("no CUDA GPU visible: ") and len(done.stdout.splitlines()) == 1
+    assert "--allow-cpu" in done.stdout
+
+
+def test_unknown_check_is_refused():
+    done = run_script(SCRIPT, "--allow-cpu", "--only", "smoke,nope")
+    assert done.returncode == 2 and "unknown check 'nope'" in done.stderr
+
+
+def test_bf16_counts_as_native_from_compute_capability_8():
+    assert gpu_check.Machine("cuda", 1, (8, 0)).native_bf16
+    assert gpu_check.Machine("cuda", 1, (9, 0)).native_bf16
+    assert not gpu_check.Machine("cuda", 1, (7, 5)).native_bf16  # T4: bf16 only emulated
+    assert not gpu_check.Machine("cpu", 0, None).native_bf16
+
+
+def test_pytest_summary_is_the_last_result_line():
+    out = "...s.\n=== short test summary info ===\nSKIPPED [1] x\n2 passed, 1 skipped in 3.1s\n"
+    assert gpu_check.pytest_summary(out) == "2 passed, 1 skipped in 3.1s"
+
+
+def fake_checks(monkeypatch):
+    def passes(c):
+        """Passes."""
+        return "fine: " + c.python("-c", "print('hello')").splitlines()[-1]
+
+    def fails(c):
+        """Exits 3."""
+        c.python("-c", "import sys; print('boom'); sys.exit(3)")
+
+    def hangs(c):
+        """Sleeps past its deadline."""
+        c.python("-c", "import time; time.sleep(60)")
+
+    def skips(c):
+        """Skips."""
+        raise gpu_check.Skipped("not here")
+
+    checks = {"passes": passes, "fails": fails, "hangs": hangs, "skips": skips}
+    monkeypatch.setattr(gpu_check, "CHECKS", checks)
+
+
+def test_each_outcome_reaches_the_table_and_a_failure_exits_1(monkeypatch, capsys):
+    fake_checks(monkeypatch)
+    assert gpu_check.main(["--allow-cpu", "--timeout", "3"]) == 1
+    out = capsys.readouterr().out
+    rows = table(out)
+    assert rows["passes"] == ("pass", "fine: hello")
+    assert rows["fails"] == ("FAIL", "exit 3 (expected 0): boom")
+    assert rows["hangs"][0] == "FAIL" and rows["hangs"][1].startswith("timed out")
+    assert rows["skips"] == ("skip", "not here")
+    assert "    | boom" in out  # a failure shows the end of its output
+    assert out.splitlines()[-1].startswith("gpu check: 1 passed, 2 failed, 1 skipped in ")
+
+
+def test_no_failure_exits_0_and_keep_keeps_the_outputs(monkeypatch, capsys):
+    fake_checks(monkeypatch)
+    assert gpu_check.main(["--allow-cpu", "--only", "passes,skips", "--keep"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    kept = gpu_check.Path(last.split("outputs kept in ")[1])
+    assert (kept / "passes" / "1.log").read_text().startswith(f"$ {sys.executable} -c")
+    gpu_check.shutil.rmtree(kept)
+
+
+def test_a_few_real_checks_on_cpu():
+    args = ["--allow-cpu", "--only", "smoke,resume,fp16"]
+    done = run_script(SCRIPT, *args, env=NO_GPU, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    rows = table(done.stdout)
+    assert list(rows) == ["smoke", "resume", "fp16"]
+    assert rows["smoke"][0] == "pass" and "smoke test passed" in rows["smoke"][1]
+    assert rows["resume"][0] == "pass" and "bitwise equal" in rows["resume"][1]
+    assert rows["fp16"] == ("skip", "fp16 autocast is checked on CUDA only")
+    assert done.stdout.splitlines()[-1].startswith("gpu check: 2 passed, 0 failed, 1 skipped")
+
+
+@pytest.mark.slow
+def test_preemption_check_on_cpu():
+    """SIGTERM to train.py and its loader workers: exit 75, then a resume to the end."""
+    done = run_script(SCRIPT, "--allow-cpu", "--only", "preemption", env=NO_GPU, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    status, detail = table(done.stdout)["preemption"]
+    assert status == "pass" and "SIGTERM -> exit 75" in detail

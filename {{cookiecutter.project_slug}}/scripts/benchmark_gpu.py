@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from {{ cookiecutter.package_name }} import config, data, errors, models, optim
-from {{ cookiecutter.package_name }}.utils.device import configure_backends, resolve_device
+from {{ cookiecutter.package_name }}.utils.device import configure_backends, native_bf16, resolve_device
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s with fp32 accumulation, from the vendor's
 # data sheets. Matched in order against torch.cuda.get_device_name(): specific names first.
@@ -155,13 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     peak = args.peak_tflops or (peak_tflops(name) if device.type == "cuda" else None)
     compiles = args.compile or (["off"] if device.type == "cpu" else ["off", "on"])
-    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    bf16_ok = native_bf16(device)  # emulated bf16 (V100, T4) would only measure the emulation
     rows = []
     for dtype in args.dtypes:
         for mode in compiles:
             row = {"dtype": dtype, "compile": mode == "on"}
             if dtype == "bf16" and not bf16_ok:
-                row["error"] = f"bf16 is not supported on {name}"
+                row["error"] = f"bf16 is not native on {name}"
             else:
                 try:
                     shape, classes = dataset.input_shape, dataset.num_classes

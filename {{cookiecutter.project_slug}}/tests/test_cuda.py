@@ -18,8 +18,8 @@ def cuda(tiny: list[str]) -> list[str]:
 @requires_cuda
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
 def test_trains_on_cuda_with_each_amp_mode(tiny, amp):
-    if amp == "bf16" and not torch.cuda.is_bf16_supported():
-        pytest.skip("this GPU has no bf16")
+    if amp == "bf16" and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("bf16 is emulated below compute capability 8.0; the trainer refuses it")
     result = fit(load_config(None, [*cuda(tiny), f"train.amp={amp}", "train.channels_last=true"]))
     assert result["epoch"] == 2 and result["metrics"]["loss"] < 10
     last = load_config(None, tiny).run.output_dir + "/default/last.pt"

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from {{ cookiecutter.package_name }} import config, data, errors, models, optim
-from {{ cookiecutter.package_name }}.utils.device import configure_backends, native_bf16, resolve_device
+from {{ cookiecutter.package_name }}.utils import device as devices
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s with fp32 accumulation, from the vendor's
 # data sheets. Matched in order against torch.cuda.get_device_name(): specific names first.
@@ -146,16 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     args.warmup = max(args.warmup, 1)
     try:
         cfg = config.load_config(args.config, args.overrides)
-        device = resolve_device(cfg.run.device)
+        device = devices.resolve_device(cfg.run.device)
         dataset = data.build_dataset(cfg.data, "val")  # only for the input shape and classes
     except errors.UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
+    devices.configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     peak = args.peak_tflops or (peak_tflops(name) if device.type == "cuda" else None)
     compiles = args.compile or (["off"] if device.type == "cpu" else ["off", "on"])
-    bf16_ok = native_bf16(device)  # emulated bf16 (V100, T4) would only measure the emulation
+    bf16_ok = devices.native_bf16(device)  # emulated bf16 (V100, T4) measures only emulation
     rows = []
     for dtype in args.dtypes:
         for mode in compiles:

@@ -1,5 +1,7 @@
-"""Environment setup: the commands create_env.py builds, environment.yml, the missing-tool
-message, the smoke test's fail-soft report, and (slow) real venv and uv environments.
+"""Environment setup: the commands create_env.py builds for every tool and compute variant
+(torch alone from its index, the build check, the rest), environment.yml, the advice when the
+torch step or the build check fails, the missing-tool message, the smoke test's fail-soft
+report, and (slow) real venv and uv environments and a real unreachable torch index.
 
 conda, mamba and micromamba cannot run on the test machines (no channel is reachable): their
 path is tested through the exact commands built, the parsed environment.yml and the
@@ -427,9 +429,18 @@ def test_wrong_build_is_uninstalled_and_the_fix_named(ce, tmp_path, monkeypatch,
     assert len(ran) == 4  # create, torch, check, then the uninstall; not the install
     assert ran[-1] == [sys.executable, "-c", "pass"]
     (line,) = [line for line in out.splitlines() if "is not the cpu build chosen" in line]
-    assert "so it was uninstalled" in line
+    assert line.startswith("    torch from the default index is not the cpu build chosen, so")
     assert f"unset {ce.INDEX_ENV} (torch then comes from {INDEX.format('cpu')})" in line
     assert "retry: cd " in out
+
+
+def test_wrong_build_already_in_the_environment(ce, tmp_path, monkeypatch, capsys):
+    fail_at(ce, monkeypatch, tmp_path, "check")
+    assert ce.create("venv", sys.executable, "cu126", "3.11", tmp_path / "setup.log") is False
+    out = capsys.readouterr().out
+    assert "note:" not in out
+    index = INDEX.format("cu126")
+    assert f"so it was removed: the retry installs the cu126 build from {index}" in out
 
 
 @needs_torch
@@ -483,13 +494,18 @@ def assert_environment_works(project: Path, out: str) -> None:
     assert check.returncode == 0, check.stderr
     assert check.stdout.startswith("2.13.0")
     assert "smoke test: .venv/bin/python scripts/smoke.py ... passed" in out
-    assert "smoke test passed" in (project / "setup.log").read_text(encoding="utf-8")
+    log = (project / "setup.log").read_text(encoding="utf-8")
+    assert "smoke test passed" in log
+    assert "torch 2.13.0+cpu is a cpu build" in log  # the build check ran and passed
+    assert " cpu ... done" in out
 
 
 @pytest.mark.slow
 def test_venv_for_real(tmp_path, torch_pin):
+    # As CI does: the torch index set to "" (the default index, here the local CPU wheel); the
+    # build check still holds the project to its cpu build.
     env = clean_environ(PIP_CONSTRAINT=str(torch_pin), COOKIECUTTER_PYTORCH_TORCH_INDEX="")
-    answers = ("env_manager=venv", "run_smoke_test=yes", "init_git=yes", "compute=cu128")
+    answers = ("env_manager=venv", "run_smoke_test=yes", "init_git=yes", "compute=cpu")
     result = run_cli(tmp_path / "out", *answers, env=env)
     assert result.returncode == 0, result.stderr
     project = tmp_path / "out" / "my-pytorch-project"
@@ -514,21 +530,63 @@ def find_uv() -> str | None:
     return find_uv_bin()
 
 
+needs_uv = pytest.mark.skipif(find_uv() is None, reason="uv is not installed (pip install uv)")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(find_uv() is None, reason="uv is not installed (pip install uv)")
-def test_uv_for_real(tmp_path, torch_pin):
-    uv_bin = str(Path(find_uv()).parent)
+@needs_uv
+def test_uv_for_real_from_a_wheel_folder(tmp_path, torch_pin):
+    """The README's offline path: torch and its dependencies downloaded into a folder, which
+    is then the only source of torch (the build of its wheels is kept)."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "torch==2.13.0", "-d", str(wheels)],
+        check=True,
+        timeout=600,
+    )
     env = clean_environ(
-        PATH=os.pathsep.join([uv_bin, os.environ["PATH"]]),
+        PATH=os.pathsep.join([str(Path(find_uv()).parent), os.environ["PATH"]]),
         UV_CONSTRAINT=str(torch_pin),  # uv ignores pip's configuration
         UV_FIND_LINKS=os.environ.get("PIP_FIND_LINKS", "/opt/wheels"),
-        COOKIECUTTER_PYTORCH_TORCH_INDEX="",
+        COOKIECUTTER_PYTORCH_TORCH_INDEX=str(wheels),
     )
-    answers = ("env_manager=uv", "run_smoke_test=yes", "init_git=no")
+    answers = ("env_manager=uv", "run_smoke_test=yes", "init_git=no", "compute=cpu")
     result = run_cli(tmp_path, *answers, env=env)
     assert result.returncode == 0, result.stderr
     assert " venv .venv --python 3.11 ... done" in result.stdout
+    assert f"--no-index --find-links {wheels} 'torch>=2.4' ... done" in result.stdout
     assert_environment_works(tmp_path / "my-pytorch-project", result.stdout)
+
+
+UNREACHABLE = "http://127.0.0.1:9/simple"  # nothing listens on port 9: refused at once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("manager", ["venv", pytest.param("uv", marks=needs_uv)])
+def test_unreachable_torch_index_fails_once_with_the_fix(bake, manager):
+    project = bake(compute="cpu")  # no environment yet
+    env = clean_environ(COOKIECUTTER_PYTORCH_TORCH_INDEX=UNREACHABLE, PIP_CONFIG_FILE=os.devnull)
+    for name in ("PIP_FIND_LINKS", "UV_FIND_LINKS"):  # no other source of torch
+        env.pop(name, None)
+    if manager == "uv":
+        env["PATH"] = os.pathsep.join([str(Path(find_uv()).parent), env["PATH"]])
+    result = subprocess.run(
+        [sys.executable, "scripts/create_env.py", "--manager", manager],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,  # a generous bound: pip once used to spend minutes on retries
+    )
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert f"--index-url {UNREACHABLE} 'torch>=2.4' ... FAILED" in out
+    assert "requirements.txt" not in out  # nothing else went to any index
+    fix = f"torch could not be installed from {UNREACHABLE}: if it is unreachable from here, "
+    assert f"{fix}set COOKIECUTTER_PYTORCH_TORCH_INDEX to a mirror of it" in out
+    assert (
+        out.rstrip().splitlines()[-1] == f"    retry: cd {project} && python scripts/create_env.py"
+    )
 
 
 @pytest.mark.slow
@@ -542,7 +600,8 @@ def test_failed_install_keeps_the_project(tmp_path):
     project = tmp_path / "out" / "my-pytorch-project"
     assert project.is_dir()
     out = result.stdout
-    assert "pip install -r requirements.txt -e '.[dev]' ... FAILED" in out
+    assert "pip install 'torch>=2.4' ... FAILED" in out
+    assert "torch could not be installed from the default index" in out
     assert "retry: cd" in out and "python scripts/create_env.py" in out
     assert "smoke test: in this Python" in out or "smoke test: skipped" in out
     assert "setup had problems" in out

@@ -92,9 +92,9 @@ def torch_index(compute: str, environ: Mapping[str, str] = os.environ) -> str | 
     the index of `compute`; None for the default index (compute auto, or the variable empty)."""
     if INDEX_ENV in environ:
         value = environ[INDEX_ENV]
-        if not value or is_url(value):
-            return value or None
-        return os.path.abspath(os.path.expanduser(value))
+        if not value:
+            return None
+        return value if is_url(value) else os.path.abspath(os.path.expanduser(value))
     return None if compute == "auto" else TORCH_INDEX_URL.format(compute=compute)
 
 
@@ -110,10 +110,10 @@ def torch_source(index: str | None) -> str:
 
 
 def torch_source_args(index: str | None, uv: bool) -> list[str]:
-    """The install options that make `index` the only source of torch and its dependencies.
+    """The install options that take torch and its dependencies from `index`.
 
-    --index-url (not --extra-index-url) so that the default index cannot offer a higher torch
-    of another build. pip gets --retries 0: it retries 5 times by default, and this step is
+    --index-url (not --extra-index-url) replaces the default index, which then cannot offer a
+    higher torch of another build. pip gets --retries 0: it retries 5 times by default, and this step is
     the one that meets an unreachable index first (uv gives up after 3 quick retries). A folder
     of wheels gets --no-index, so that offline the build is the one of the wheels in it.
     """
@@ -205,7 +205,6 @@ def plan(
     The conda tools take the Python version from environment.yml, and a prefix inside the
     project (./.conda-env) rather than a name: the environment lives and dies with the project
     like .venv, two projects of the same name cannot clash, and its python is at a known path.
-    The prefix is absolute because micromamba's pip step fails on a relative one.
 
     Every tool then installs with pip (uv: uv pip) in three steps (see the top of this file).
     torch is kept out of environment.yml because the options of a pip section (the index)
@@ -259,13 +258,15 @@ def torch_fix(index: str | None, compute: str) -> str:
     )
 
 
-def build_fix(index: str | None, compute: str) -> str:
-    """The advice after a failed build check."""
+def build_fix(index: str | None, compute: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The advice after a failed build check (the torch found was uninstalled)."""
+    found = f"torch from {torch_source(index)} is not the {compute} build chosen, so it was removed"
+    if INDEX_ENV not in environ:  # a wrong torch was already in the environment
+        return f"{found}: the retry installs the {compute} build from {index}"
     return (
-        f"torch from {torch_source(index)} is not the {compute} build chosen (compute={compute}), "
-        f"so it was uninstalled: unset {INDEX_ENV} (torch then comes from "
-        f"{TORCH_INDEX_URL.format(compute=compute)}) or set it to a {compute} mirror or wheel "
-        "folder; or take any build with --compute auto"
+        f"{found}: unset {INDEX_ENV} (torch then comes from "
+        f"{TORCH_INDEX_URL.format(compute=compute)}), or set it to a {compute} mirror or wheel "
+        "folder; or accept any build with --compute auto"
     )
 
 

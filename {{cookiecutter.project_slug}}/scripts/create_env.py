@@ -113,9 +113,9 @@ def torch_source_args(index: str | None, uv: bool) -> list[str]:
     """The install options that take torch and its dependencies from `index`.
 
     --index-url (not --extra-index-url) replaces the default index, which then cannot offer a
-    higher torch of another build. pip gets --retries 0: it retries 5 times by default, and this step is
-    the one that meets an unreachable index first (uv gives up after 3 quick retries). A folder
-    of wheels gets --no-index, so that offline the build is the one of the wheels in it.
+    higher torch of another build. pip gets --retries 0: it retries 5 times by default, and this
+    step is the one that meets an unreachable index first (uv gives up after 3 quick retries).
+    A folder of wheels gets --no-index, so that offline the build is the one of the wheels in it.
     """
     if index is None:
         return []
@@ -260,7 +260,8 @@ def torch_fix(index: str | None, compute: str) -> str:
 
 def build_fix(index: str | None, compute: str, environ: Mapping[str, str] = os.environ) -> str:
     """The advice after a failed build check (the torch found was uninstalled)."""
-    found = f"torch from {torch_source(index)} is not the {compute} build chosen, so it was removed"
+    source = torch_source(index)
+    found = f"torch from {source} is not the {compute} build chosen, so it was removed"
     if INDEX_ENV not in environ:  # a wrong torch was already in the environment
         return f"{found}: the retry installs the {compute} build from {index}"
     return (

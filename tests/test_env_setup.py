@@ -1,5 +1,7 @@
-"""Environment setup: the commands create_env.py builds, environment.yml, the missing-tool
-message, the smoke test's fail-soft report, and (slow) real venv and uv environments.
+"""Environment setup: the commands create_env.py builds for every tool and compute variant
+(torch alone from its index, the build check, the rest), environment.yml, the advice when the
+torch step or the build check fails, the missing-tool message, the smoke test's fail-soft
+report, and (slow) real venv and uv environments and a real unreachable torch index.
 
 conda, mamba and micromamba cannot run on the test machines (no channel is reachable): their
 path is tested through the exact commands built, the parsed environment.yml and the
@@ -22,6 +24,7 @@ from _hookutil import CREATE_ENV, HOOK_VARIABLES, clean_environ, load_create_env
 COMPUTES = ["auto", "cpu", "cu126", "cu128", "cu130"]
 CONDA_TOOLS = ["conda", "mamba", "micromamba"]
 INDEX = "https://download.pytorch.org/whl/{}"
+CHECK_BUILD = load_create_env().CHECK_BUILD
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="this Python has no torch")
 
@@ -57,57 +60,106 @@ def test_torch_index_of_each_compute(ce, compute):
 
 
 @pytest.mark.parametrize("compute", COMPUTES)
-def test_torch_index_variable_overrides(ce, compute):
+def test_torch_index_variable_overrides(ce, compute, tmp_path, monkeypatch):
     assert ce.torch_index(compute, {ce.INDEX_ENV: ""}) is None
     assert ce.torch_index(compute, {ce.INDEX_ENV: "file:///w"}) == "file:///w"
+    monkeypatch.chdir(tmp_path)  # a folder is taken from where the script is started
+    assert ce.torch_index(compute, {ce.INDEX_ENV: "wheels"}) == str(tmp_path / "wheels")
+
+
+def test_torch_requirement_comes_from_requirements_txt(ce, tmp_path):
+    assert ce.torch_requirement() == "torch>=2.4"  # the template's requirements.txt
+    assert ce.torch_requirement(tmp_path) == "torch"  # no requirements.txt
+    (tmp_path / "requirements.txt").write_text(
+        "# comment\ntorchmetrics>=1\ntorch >=2.5,<3  # the range\nnumpy\n"
+    )
+    assert ce.torch_requirement(tmp_path) == "torch >=2.5,<3"
 
 
 # --- exact commands ---
 
 
-@pytest.mark.parametrize("compute", COMPUTES)
-@pytest.mark.parametrize("tool", CONDA_TOOLS)
-def test_conda_family_command(ce, tmp_path, tool, compute):
-    commands = ce.plan(tool, compute, "3.12", project=tmp_path, environ={})
-    prefix = str(tmp_path / ".conda-env")
-    assert commands == [[tool, "env", "create", "-y", "-f", "environment.yml", "-p", prefix]]
-    exe = f"/opt/{tool}/bin/{tool}"
-    assert ce.plan(tool, compute, "3.12", tool=exe, project=tmp_path)[0][0] == exe
-
-
-@pytest.mark.parametrize("compute", COMPUTES)
-def test_uv_commands(ce, compute):
-    index = [] if compute == "auto" else ["--extra-index-url", INDEX.format(compute)]
-    install = ["uv", "pip", "install", "--python", ".venv/bin/python", *index]
-    install += ["-r", "requirements.txt", "-e", ".[dev]"]
-    assert ce.plan("uv", compute, "3.12", environ={}) == [
-        ["uv", "venv", ".venv", "--python", "3.12"],
-        install,
+def expected_installs(manager: str, compute: str, torch_source: list[str]) -> list[list[str]]:
+    """The commands after the environment exists: torch alone, the build check, the rest."""
+    if manager == "uv":
+        install = ["uv", "pip", "install", "--python", ".venv/bin/python"]
+    else:
+        python = ".conda-env/bin/python" if manager in CONDA_TOOLS else ".venv/bin/python"
+        install = [python, "-m", "pip", "install"]
+    python = install[4] if manager == "uv" else install[0]
+    check = [] if compute == "auto" else [[python, "-c", CHECK_BUILD, compute]]
+    return [
+        [*install, *torch_source, "torch>=2.4"],
+        *check,
+        [*install, "-r", "requirements.txt", "-e", ".[dev]"],
     ]
-    assert ce.plan("uv", compute, "3.12", environ={}, exists=True) == [install]
+
+
+def commands(ce, *args, **kwargs) -> list[list[str]]:
+    return [step.cmd for step in ce.plan(*args, **kwargs)]
 
 
 @pytest.mark.parametrize("compute", COMPUTES)
-def test_venv_commands(ce, compute):
-    index = [] if compute == "auto" else ["--extra-index-url", INDEX.format(compute)]
-    install = [".venv/bin/python", "-m", "pip", "install", *index]
-    install += ["-r", "requirements.txt", "-e", ".[dev]"]
-    assert ce.plan("venv", compute, "3.11", environ={}) == [
-        ["python3.11", "-m", "venv", ".venv"],
-        install,
-    ]
-    assert ce.plan("venv", compute, "3.11", tool="/usr/bin/python3", environ={})[0][0] == (
-        "/usr/bin/python3"
-    )
-    assert ce.plan("venv", compute, "3.11", environ={}, exists=True) == [install]
+@pytest.mark.parametrize("manager", [*CONDA_TOOLS, "uv", "venv"])
+def test_commands_of_every_manager_and_compute(ce, manager, compute):
+    """torch alone from the variant's index (--index-url, not an extra index that every
+    package would try), checked to be that build, then the rest from the default index."""
+    project = ce.PROJECT  # the template's project folder: its requirements.txt
+    if compute == "auto":
+        source = []
+    elif manager == "uv":
+        source = ["--index-url", INDEX.format(compute)]
+    else:
+        source = ["--retries", "0", "--index-url", INDEX.format(compute)]
+    creates = {
+        "uv": ["uv", "venv", ".venv", "--python", "3.12"],
+        "venv": ["python3.12", "-m", "venv", ".venv"],
+        **{
+            tool: [tool, "env", "create", "-y", "-f", "environment.yml", "-p"]
+            + [str(project / ".conda-env")]
+            for tool in CONDA_TOOLS
+        },
+    }
+    installs = expected_installs(manager, compute, source)
+    steps = ce.plan(manager, compute, "3.12", project=project, environ={})
+    assert [step.cmd for step in steps] == [creates[manager], *installs]
+    kinds = ["create", "torch", *(["check"] if compute != "auto" else []), "install"]
+    assert [step.kind for step in steps] == kinds
+    again = commands(ce, manager, compute, "3.12", project=project, environ={}, exists=True)
+    assert again == installs
+    for cmd in installs[1:]:
+        assert not {"--index-url", "--extra-index-url", "--find-links"} & set(cmd)
 
 
-@pytest.mark.parametrize("manager", ["uv", "venv"])
-def test_index_variable_reaches_the_install(ce, manager):
-    (install,) = ce.plan(manager, "cu128", "3.11", environ={ce.INDEX_ENV: ""}, exists=True)
-    assert "--extra-index-url" not in install
-    (install,) = ce.plan(manager, "auto", "3.11", environ={ce.INDEX_ENV: "file:///w"}, exists=True)
-    assert install[install.index("--extra-index-url") + 1] == "file:///w"
+@pytest.mark.parametrize("compute", COMPUTES)
+@pytest.mark.parametrize("manager", [*CONDA_TOOLS, "uv", "venv"])
+def test_index_variable_reaches_only_the_torch_step(ce, tmp_path, manager, compute):
+    def plan(value: str) -> list[list[str]]:
+        environ = {ce.INDEX_ENV: value}
+        return commands(ce, manager, compute, "3.11", project=ce.PROJECT, environ=environ)[1:]
+
+    # set but empty: the default index, with the build check still there for a chosen build
+    assert plan("") == expected_installs(manager, compute, [])
+    mirror = ["--index-url", "https://mirror.example/whl/cpu"]
+    if manager != "uv":
+        mirror = ["--retries", "0", *mirror]
+    assert plan("https://mirror.example/whl/cpu") == expected_installs(manager, compute, mirror)
+    # a folder of wheels: offline, only the folder, so the build is the one of its wheels
+    folder = ["--no-index", "--find-links", str(tmp_path)]
+    assert plan(str(tmp_path)) == expected_installs(manager, compute, folder)
+
+
+def test_conda_tool_path_is_used(ce, tmp_path):
+    for tool in CONDA_TOOLS:
+        exe = f"/opt/{tool}/bin/{tool}"
+        assert commands(ce, tool, "cpu", "3.12", tool=exe, project=tmp_path)[0][0] == exe
+
+
+def test_uv_and_venv_tool_paths_are_used(ce):
+    uv = commands(ce, "uv", "cpu", "3.11", tool="/opt/uv", environ={})
+    assert uv[0][0] == uv[1][0] == uv[3][0] == "/opt/uv"
+    venv = commands(ce, "venv", "cpu", "3.11", tool="/usr/bin/python3", environ={})
+    assert venv[0][0] == "/usr/bin/python3"
 
 
 def test_none_plans_nothing(ce):
@@ -117,8 +169,58 @@ def test_none_plans_nothing(ce):
 def test_no_command_names_the_dead_pytorch_channel(ce, tmp_path):
     for manager in (*CONDA_TOOLS, "uv", "venv"):
         for compute in COMPUTES:
-            for cmd in ce.plan(manager, compute, "3.11", project=tmp_path, environ={}):
-                assert "pytorch" not in cmd and "-c" not in cmd
+            for cmd in commands(ce, manager, compute, "3.11", project=tmp_path, environ={}):
+                channels = [
+                    b for a, b in zip(cmd[:-1], cmd[1:], strict=True) if a in ("-c", "--channel")
+                ]
+                assert "pytorch" not in cmd and "pytorch" not in channels
+
+
+@pytest.mark.parametrize("manager", ["uv", "venv", "conda"])
+def test_uninstall_torch_command(ce, manager):
+    expected = {
+        "uv": ["/opt/uv", "pip", "uninstall", "--python", ".venv/bin/python", "torch"],
+        "venv": [".venv/bin/python", "-m", "pip", "uninstall", "-y", "torch"],
+        "conda": [".conda-env/bin/python", "-m", "pip", "uninstall", "-y", "torch"],
+    }
+    assert ce.uninstall_torch(manager, "/opt/uv") == expected[manager]
+
+
+# --- the build check (a cpu project never keeps a CUDA build) ---
+
+
+def fake_torch(folder: Path, version: str, cuda: str | None, hip: str | None = None) -> Path:
+    """A `torch` package that has only what CHECK_BUILD reads."""
+    package = folder / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        f"__version__ = {version!r}\nfrom types import SimpleNamespace\n"
+        f"version = SimpleNamespace(cuda={cuda!r}, hip={hip!r})\n"
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("version", "cuda", "hip", "build"),
+    [
+        ("2.13.0+cpu", None, None, "cpu"),
+        ("2.9.0", "12.8", None, "cu128"),  # PyPI's default on Linux
+        ("2.9.0+cu126", "12.6", None, "cu126"),
+        ("2.9.0+cu130", "13.0", None, "cu130"),
+        ("2.9.0+rocm6.4", None, "6.4", "rocm"),
+    ],
+)
+@pytest.mark.parametrize("compute", ["cpu", "cu126", "cu128", "cu130"])
+def test_build_check(ce, tmp_path, version, cuda, hip, build, compute):
+    path = fake_torch(tmp_path, version, cuda, hip)
+    result = subprocess.run(
+        [sys.executable, "-c", ce.CHECK_BUILD, compute],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(path)},
+    )
+    assert result.stdout == f"torch {version} is a {build} build\n", result.stderr
+    assert result.returncode == (0 if build == compute else 1)
 
 
 # --- finding the tools ---
@@ -191,16 +293,14 @@ def test_missing_conda_tool_prints_the_command_and_goes_on(
     [("auto", "3.11"), ("cpu", "3.12"), ("cu126", "3.13"), ("cu128", "3.10"), ("cu130", "3.11")],
 )
 def test_environment_yml(bake, compute, python_version):
+    """Python and pip only: torch comes in a step of its own (a pip section's index would apply
+    to every package in it), then requirements.txt and the package."""
     project = bake(compute=compute, python_version=python_version)
     env = yaml.safe_load((project / "environment.yml").read_text(encoding="utf-8"))
     assert env["channels"] == ["conda-forge"]
-    deps = env["dependencies"]
-    assert f"python={python_version}" in deps
-    assert "pip" in deps
-    assert not any("pytorch" in str(dep) and "::" in str(dep) for dep in deps)
-    (pip,) = [dep["pip"] for dep in deps if isinstance(dep, dict)]
-    index = [] if compute == "auto" else [f"--extra-index-url {INDEX.format(compute)}"]
-    assert pip == [*index, "-r requirements.txt", "-e .[dev]"]
+    assert env["dependencies"] == [f"python={python_version}", "pip"]
+    text = (project / "environment.yml").read_text(encoding="utf-8")
+    assert not [line for line in text.splitlines() if "index" in line and "#" not in line]
     assert (project / "requirements.txt").is_file()
     assert "dev = [" in (project / "pyproject.toml").read_text(encoding="utf-8")
 
@@ -232,13 +332,18 @@ def test_dry_run_prints_the_exact_commands(bake, monkeypatch):
     lines = result.stdout.splitlines()
     assert lines[0].endswith(" -m venv .venv")
     assert lines[1] == (
-        ".venv/bin/python -m pip install --extra-index-url https://download.pytorch.org/whl/cu128"
-        " -r requirements.txt -e '.[dev]'"
+        ".venv/bin/python -m pip install --retries 0 --index-url"
+        " https://download.pytorch.org/whl/cu128 'torch>=2.4'"
     )
+    assert lines[2].startswith(".venv/bin/python -c 'import sys, torch;")
+    assert lines[2].endswith("' cu128")
+    assert lines[3] == ".venv/bin/python -m pip install -r requirements.txt -e '.[dev]'"
+    assert len(lines) == 4
     override = run_script(
         project, "--dry-run", "--manager", "uv", COOKIECUTTER_PYTORCH_TORCH_INDEX=""
     )
-    assert "--extra-index-url" not in override.stdout
+    assert "--index-url" not in override.stdout
+    assert " cu128\n" in override.stdout  # the build is still checked
 
 
 def test_help(bake):
@@ -264,7 +369,7 @@ def test_smoke_arguments_are_shell_split(ce):
 def test_failed_step_shows_the_log_tail_and_the_retry(ce, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ce, "PROJECT", tmp_path)
     failing = [sys.executable, "-c", "import sys; print('boom: no wheel'); sys.exit(3)"]
-    monkeypatch.setattr(ce, "plan", lambda *args, **kwargs: [failing])
+    monkeypatch.setattr(ce, "plan", lambda *args, **kwargs: [ce.Step("create", failing)])
     log = tmp_path / "setup.log"
     assert ce.create("venv", sys.executable, "cpu", "3.11", log) is False
     out = capsys.readouterr().out
@@ -272,6 +377,70 @@ def test_failed_step_shows_the_log_tail_and_the_retry(ce, tmp_path, monkeypatch,
     assert f"last lines of {log}" in out
     assert "| boom: no wheel" in out
     assert "retry: cd" in out and "python scripts/create_env.py" in out
+
+
+def fail_at(ce, monkeypatch, tmp_path, kind: str) -> list[list[str]]:
+    """Make create() run a plan whose `kind` step fails; return the commands it ran."""
+    monkeypatch.setattr(ce, "PROJECT", tmp_path)
+    ran = []
+    ok = [sys.executable, "-c", "pass"]
+    failing = [sys.executable, "-c", "import sys; print('torch 2.9.0 is a cu128 build'); exit(1)"]
+    steps = [ce.Step(k, failing if k == kind else ok) for k in ("create", "torch", "check")]
+    steps.append(ce.Step("install", ok))
+    monkeypatch.setattr(ce, "plan", lambda *args, **kwargs: steps)
+    monkeypatch.setattr(ce, "uninstall_torch", lambda *args: [sys.executable, "-c", "pass"])
+    real_run_step = ce.run_step
+    monkeypatch.setattr(
+        ce, "run_step", lambda t, cmd, *a: ran.append(cmd) or real_run_step(t, cmd, *a)
+    )
+    return ran
+
+
+@pytest.mark.parametrize(
+    ("index", "where"),
+    [
+        (None, "https://download.pytorch.org/whl/cpu"),
+        ("http://127.0.0.1:9/simple", "http://127.0.0.1:9/simple"),
+        ("/srv/wheels", "the wheel folder /srv/wheels"),
+    ],
+)
+def test_failed_torch_step_names_the_index_and_the_fix(
+    ce, tmp_path, monkeypatch, capsys, index, where
+):
+    if index is not None:
+        monkeypatch.setenv(ce.INDEX_ENV, index)
+    ran = fail_at(ce, monkeypatch, tmp_path, "torch")
+    assert ce.create("venv", sys.executable, "cpu", "3.11", tmp_path / "setup.log") is False
+    out = capsys.readouterr().out
+    assert len(ran) == 2  # create, torch: nothing after the failure
+    (line,) = [line for line in out.splitlines() if "torch could not be installed" in line]
+    assert f"from {where}: if it is unreachable from here, set {ce.INDEX_ENV} to a mirror" in line
+    assert 'or to "" for the default index (the build is then checked to be cpu)' in line
+    assert out.rstrip().splitlines()[-1].startswith("    retry: cd ")
+
+
+def test_wrong_build_is_uninstalled_and_the_fix_named(ce, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(ce.INDEX_ENV, "")
+    ran = fail_at(ce, monkeypatch, tmp_path, "check")
+    assert ce.create("uv", "uv", "cpu", "3.11", tmp_path / "setup.log") is False
+    out = capsys.readouterr().out
+    assert f"note: {ce.INDEX_ENV} is empty: torch comes from the default index" in out
+    assert "| torch 2.9.0 is a cu128 build" in out  # the check's own line, from the log
+    assert len(ran) == 4  # create, torch, check, then the uninstall; not the install
+    assert ran[-1] == [sys.executable, "-c", "pass"]
+    (line,) = [line for line in out.splitlines() if "is not the cpu build chosen" in line]
+    assert line.startswith("    torch from the default index is not the cpu build chosen, so")
+    assert f"unset {ce.INDEX_ENV} (torch then comes from {INDEX.format('cpu')})" in line
+    assert "retry: cd " in out
+
+
+def test_wrong_build_already_in_the_environment(ce, tmp_path, monkeypatch, capsys):
+    fail_at(ce, monkeypatch, tmp_path, "check")
+    assert ce.create("venv", sys.executable, "cu126", "3.11", tmp_path / "setup.log") is False
+    out = capsys.readouterr().out
+    assert "note:" not in out
+    index = INDEX.format("cu126")
+    assert f"so it was removed: the retry installs the cu126 build from {index}" in out
 
 
 @needs_torch
@@ -325,13 +494,18 @@ def assert_environment_works(project: Path, out: str) -> None:
     assert check.returncode == 0, check.stderr
     assert check.stdout.startswith("2.13.0")
     assert "smoke test: .venv/bin/python scripts/smoke.py ... passed" in out
-    assert "smoke test passed" in (project / "setup.log").read_text(encoding="utf-8")
+    log = (project / "setup.log").read_text(encoding="utf-8")
+    assert "smoke test passed" in log
+    assert "torch 2.13.0+cpu is a cpu build" in log  # the build check ran and passed
+    assert " cpu ... done" in out
 
 
 @pytest.mark.slow
 def test_venv_for_real(tmp_path, torch_pin):
+    # As CI does: the torch index set to "" (the default index, here the local CPU wheel); the
+    # build check still holds the project to its cpu build.
     env = clean_environ(PIP_CONSTRAINT=str(torch_pin), COOKIECUTTER_PYTORCH_TORCH_INDEX="")
-    answers = ("env_manager=venv", "run_smoke_test=yes", "init_git=yes", "compute=cu128")
+    answers = ("env_manager=venv", "run_smoke_test=yes", "init_git=yes", "compute=cpu")
     result = run_cli(tmp_path / "out", *answers, env=env)
     assert result.returncode == 0, result.stderr
     project = tmp_path / "out" / "my-pytorch-project"
@@ -356,21 +530,63 @@ def find_uv() -> str | None:
     return find_uv_bin()
 
 
+needs_uv = pytest.mark.skipif(find_uv() is None, reason="uv is not installed (pip install uv)")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(find_uv() is None, reason="uv is not installed (pip install uv)")
-def test_uv_for_real(tmp_path, torch_pin):
-    uv_bin = str(Path(find_uv()).parent)
+@needs_uv
+def test_uv_for_real_from_a_wheel_folder(tmp_path, torch_pin):
+    """The README's offline path: torch and its dependencies downloaded into a folder, which
+    is then the only source of torch (the build of its wheels is kept)."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "torch==2.13.0", "-d", str(wheels)],
+        check=True,
+        timeout=600,
+    )
     env = clean_environ(
-        PATH=os.pathsep.join([uv_bin, os.environ["PATH"]]),
+        PATH=os.pathsep.join([str(Path(find_uv()).parent), os.environ["PATH"]]),
         UV_CONSTRAINT=str(torch_pin),  # uv ignores pip's configuration
         UV_FIND_LINKS=os.environ.get("PIP_FIND_LINKS", "/opt/wheels"),
-        COOKIECUTTER_PYTORCH_TORCH_INDEX="",
+        COOKIECUTTER_PYTORCH_TORCH_INDEX=str(wheels),
     )
-    answers = ("env_manager=uv", "run_smoke_test=yes", "init_git=no")
+    answers = ("env_manager=uv", "run_smoke_test=yes", "init_git=no", "compute=cpu")
     result = run_cli(tmp_path, *answers, env=env)
     assert result.returncode == 0, result.stderr
     assert " venv .venv --python 3.11 ... done" in result.stdout
+    assert f"--no-index --find-links {wheels} 'torch>=2.4' ... done" in result.stdout
     assert_environment_works(tmp_path / "my-pytorch-project", result.stdout)
+
+
+UNREACHABLE = "http://127.0.0.1:9/simple"  # nothing listens on port 9: refused at once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("manager", ["venv", pytest.param("uv", marks=needs_uv)])
+def test_unreachable_torch_index_fails_once_with_the_fix(bake, manager):
+    project = bake(compute="cpu")  # no environment yet
+    env = clean_environ(COOKIECUTTER_PYTORCH_TORCH_INDEX=UNREACHABLE, PIP_CONFIG_FILE=os.devnull)
+    for name in ("PIP_FIND_LINKS", "UV_FIND_LINKS"):  # no other source of torch
+        env.pop(name, None)
+    if manager == "uv":
+        env["PATH"] = os.pathsep.join([str(Path(find_uv()).parent), env["PATH"]])
+    result = subprocess.run(
+        [sys.executable, "scripts/create_env.py", "--manager", manager],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,  # a generous bound: pip once used to spend minutes on retries
+    )
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert f"--index-url {UNREACHABLE} 'torch>=2.4' ... FAILED" in out
+    assert "requirements.txt" not in out  # nothing else went to any index
+    fix = f"torch could not be installed from {UNREACHABLE}: if it is unreachable from here, "
+    assert f"{fix}set COOKIECUTTER_PYTORCH_TORCH_INDEX to a mirror of it" in out
+    assert (
+        out.rstrip().splitlines()[-1] == f"    retry: cd {project} && python scripts/create_env.py"
+    )
 
 
 @pytest.mark.slow
@@ -384,7 +600,8 @@ def test_failed_install_keeps_the_project(tmp_path):
     project = tmp_path / "out" / "my-pytorch-project"
     assert project.is_dir()
     out = result.stdout
-    assert "pip install -r requirements.txt -e '.[dev]' ... FAILED" in out
+    assert "pip install 'torch>=2.4' ... FAILED" in out
+    assert "torch could not be installed from the default index" in out
     assert "retry: cd" in out and "python scripts/create_env.py" in out
     assert "smoke test: in this Python" in out or "smoke test: skipped" in out
     assert "setup had problems" in out

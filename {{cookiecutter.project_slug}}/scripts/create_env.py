@@ -5,19 +5,28 @@ them. `make env` runs this script, and so does the template's post-generation ho
 
     python scripts/create_env.py                  # the tool chosen at generation
     python scripts/create_env.py --manager uv     # another tool
-    python scripts/create_env.py --compute cu128  # another PyTorch build (uv, venv)
+    python scripts/create_env.py --compute cu128  # another PyTorch build
     python scripts/create_env.py --dry-run        # print the commands, run nothing
-    python scripts/create_env.py --smoke          # then run scripts/smoke.py in the environment
+    python scripts/create_env.py --smoke          # then run scripts/smoke.py in it
 
-Tools: conda, mamba and micromamba create ./.conda-env from environment.yml (which holds the
-Python version and the torch wheel index); uv and venv create ./.venv and install
-requirements.txt and the package (editable, with the dev extra); auto takes the first of
-micromamba, mamba and conda that is installed, else uv, else venv; none creates nothing.
-Running it again updates .venv in place and recreates .conda-env.
+Tools: conda, mamba and micromamba create ./.conda-env from environment.yml (Python and pip);
+uv and venv create ./.venv; auto takes the first of micromamba, mamba and conda that is
+installed, else uv, else venv; none creates nothing. Running it again updates .venv in place
+and recreates .conda-env. Then, with every tool, pip (uv pip for uv) installs:
+  1. torch alone, from the wheel index of --compute (https://download.pytorch.org/whl/<compute>;
+     auto: the default index, that is PyPI's default build). Only this step sees that index:
+     an unreachable one fails here once, in seconds, with the fix named;
+  2. (not for auto) a check that torch is the build of --compute: a CPU project never keeps
+     a CUDA build. A wrong build is uninstalled and the step fails;
+  3. requirements.txt and this package (editable, with the dev extra) from the default index;
+     torch is already there and stays.
 
 Environment variables:
-    COOKIECUTTER_PYTORCH_TORCH_INDEX  wheel index for torch (uv, venv) instead of the one of
-                                      --compute; set but empty: no extra index (PyPI only)
+    COOKIECUTTER_PYTORCH_TORCH_INDEX  where torch comes from instead of the index of --compute:
+                                      a wheel index URL (a mirror), or a folder of wheels
+                                      (offline: only that folder is used for torch and its
+                                      dependencies), or set but empty: the default index.
+                                      The build check of step 2 still applies.
     COOKIECUTTER_PYTORCH_SMOKE_ARGS   extra key=value overrides for scripts/smoke.py
 
 Tool output goes to setup.log; its last lines are shown when a step fails. The exit status is
@@ -30,6 +39,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,6 +47,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 PROJECT = Path(__file__).resolve().parents[1]
 LOG_NAME = "setup.log"
@@ -49,6 +60,21 @@ SMOKE_ARGS_ENV = "COOKIECUTTER_PYTORCH_SMOKE_ARGS"
 CONDA_ENV_DIR = ".conda-env"
 VENV_DIR = ".venv"
 TAIL_LINES = 20
+# Run by the new environment's python after the torch step: exit 1 unless torch is the build
+# named by argv[1] (cpu, cu126, ...); one line so that --dry-run prints it readably.
+CHECK_BUILD = (
+    'import sys, torch; v = torch.version; b = "cu" + v.cuda.replace(".", "") if v.cuda else '
+    '"rocm" if v.hip else "cpu"; print("torch", torch.__version__, "is a", b, "build"); '
+    "sys.exit(b != sys.argv[1])"
+)
+
+
+class Step(NamedTuple):
+    """One command of the plan; `kind` (create, torch, check, install) decides the advice
+    given when it fails."""
+
+    kind: str
+    cmd: list[str]
 
 
 def say(message: str = "", end: str = "\n") -> None:
@@ -62,10 +88,51 @@ def load_answers(project: Path = PROJECT) -> dict:
 
 
 def torch_index(compute: str, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The extra wheel index for torch: the environment variable's, else the one of `compute`."""
+    """Where torch comes from: the environment variable's URL or folder (made absolute), else
+    the index of `compute`; None for the default index (compute auto, or the variable empty)."""
     if INDEX_ENV in environ:
-        return environ[INDEX_ENV] or None
+        value = environ[INDEX_ENV]
+        if not value:
+            return None
+        return value if is_url(value) else os.path.abspath(os.path.expanduser(value))
     return None if compute == "auto" else TORCH_INDEX_URL.format(compute=compute)
+
+
+def is_url(index: str) -> bool:
+    return "://" in index
+
+
+def torch_source(index: str | None) -> str:
+    """The torch source in words, for the messages."""
+    if index is None:
+        return "the default index"
+    return index if is_url(index) else f"the wheel folder {index}"
+
+
+def torch_source_args(index: str | None, uv: bool) -> list[str]:
+    """The install options that take torch and its dependencies from `index`.
+
+    --index-url (not --extra-index-url) replaces the default index, which then cannot offer a
+    higher torch of another build. pip gets --retries 0: it retries 5 times by default, and this
+    step is the one that meets an unreachable index first (uv gives up after 3 quick retries).
+    A folder of wheels gets --no-index, so that offline the build is the one of the wheels in it.
+    """
+    if index is None:
+        return []
+    if not is_url(index):
+        return ["--no-index", "--find-links", index]
+    return ["--index-url", index] if uv else ["--retries", "0", "--index-url", index]
+
+
+def torch_requirement(project: Path = PROJECT) -> str:
+    """The torch line of requirements.txt (its version range), or plain torch without one."""
+    path = project / "requirements.txt"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    for line in lines:
+        requirement = line.split("#", 1)[0].strip()
+        if re.split(r"[\s\[<>=!~;@]", requirement, maxsplit=1)[0].lower() == "torch":
+            return requirement
+    return "torch"
 
 
 def env_dir(manager: str) -> str:
@@ -130,33 +197,78 @@ def plan(
     project: Path = PROJECT,
     environ: Mapping[str, str] = os.environ,
     exists: bool = False,
-) -> list[list[str]]:
+) -> list[Step]:
     """The exact commands, run from the project directory, that create the environment.
 
     `tool` is the executable (default: the manager's name; for venv, python`python_version`);
-    `exists` skips creating a .venv that is already there (the install then updates it).
-    The conda tools take the Python version and the torch index from environment.yml, and a
-    prefix inside the project (./.conda-env) rather than a name: the environment lives and dies
-    with the project like .venv, two projects of the same name cannot clash, and its python is
-    at a known path. The prefix is absolute because micromamba's pip step fails on a relative one.
+    `exists` skips creating an environment that is already there (the installs update it).
+    The conda tools take the Python version from environment.yml, and a prefix inside the
+    project (./.conda-env) rather than a name: the environment lives and dies with the project
+    like .venv, two projects of the same name cannot clash, and its python is at a known path.
+
+    Every tool then installs with pip (uv: uv pip) in three steps (see the top of this file).
+    torch is kept out of environment.yml because the options of a pip section (the index)
+    apply to every package in it. uv gets --index-url like pip rather than its --torch-backend
+    (a preview option of recent uv only): one mechanism, so that COOKIECUTTER_PYTORCH_TORCH_INDEX
+    means the same with every tool.
     """
+    python = str(env_python(manager, Path(".")))
     if manager in CONDA_TOOLS:
         prefix = str(project / CONDA_ENV_DIR)
-        return [[tool or manager, "env", "create", "-y", "-f", "environment.yml", "-p", prefix]]
-    index = torch_index(compute, environ)
-    index_args = ["--extra-index-url", index] if index else []
-    python = str(env_python(manager, Path(".")))
-    packages = ["-r", "requirements.txt", "-e", ".[dev]"]
-    if manager == "uv":
-        uv = tool or "uv"
-        create = [uv, "venv", VENV_DIR, "--python", python_version]
-        install = [uv, "pip", "install", "--python", python, *index_args, *packages]
+        create = [tool or manager, "env", "create", "-y", "-f", "environment.yml", "-p", prefix]
+        install = [python, "-m", "pip", "install"]
+    elif manager == "uv":
+        create = [tool or "uv", "venv", VENV_DIR, "--python", python_version]
+        install = [tool or "uv", "pip", "install", "--python", python]
     elif manager == "venv":
         create = [tool or f"python{python_version}", "-m", "venv", VENV_DIR]
-        install = [python, "-m", "pip", "install", *index_args, *packages]
+        install = [python, "-m", "pip", "install"]
     else:
         return []
-    return [install] if exists else [create, install]
+    index = torch_index(compute, environ)
+    torch = [*install, *torch_source_args(index, uv=manager == "uv"), torch_requirement(project)]
+    steps = [] if exists else [Step("create", create)]
+    steps.append(Step("torch", torch))
+    if compute != "auto":
+        steps.append(Step("check", [python, "-c", CHECK_BUILD, compute]))
+    steps.append(Step("install", [*install, "-r", "requirements.txt", "-e", ".[dev]"]))
+    return steps
+
+
+def uninstall_torch(manager: str, tool: str | None = None) -> list[str]:
+    """The command that removes torch from the environment (after a failed build check)."""
+    python = str(env_python(manager, Path(".")))
+    if manager == "uv":
+        return [tool or "uv", "pip", "uninstall", "--python", python, "torch"]
+    return [python, "-m", "pip", "uninstall", "-y", "torch"]
+
+
+def torch_fix(index: str | None, compute: str) -> str:
+    """The advice after a failed torch step: where it looked, and how to point it elsewhere."""
+    if index is None:
+        return (
+            f"torch could not be installed from the default index; {INDEX_ENV} can name "
+            "another wheel index (URL) or a folder of wheels"
+        )
+    build = "" if compute == "auto" else f" (the build is then checked to be {compute})"
+    return (
+        f"torch could not be installed from {torch_source(index)}: if it is unreachable from "
+        f"here, set {INDEX_ENV} to a mirror of it, or to a folder of wheels downloaded from it, "
+        f'or to "" for the default index{build}'
+    )
+
+
+def build_fix(index: str | None, compute: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The advice after a failed build check (the torch found was uninstalled)."""
+    source = torch_source(index)
+    found = f"torch from {source} is not the {compute} build chosen, so it was removed"
+    if INDEX_ENV not in environ:  # a wrong torch was already in the environment
+        return f"{found}: the retry installs the {compute} build from {index}"
+    return (
+        f"{found}: unset {INDEX_ENV} (torch then comes from "
+        f"{TORCH_INDEX_URL.format(compute=compute)}), or set it to a {compute} mirror or wheel "
+        "folder; or accept any build with --compute auto"
+    )
 
 
 def smoke_command(python: str, environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -211,20 +323,31 @@ def create(manager: str, tool: str | None, compute: str, version: str, log: Path
         where = "MAMBA_EXE, CONDA_EXE and PATH" if manager in CONDA_TOOLS else "PATH"
         say(f"  environment: {manager} not found (looked at {where}).")
         say("    create it later with (or: make env, once it is installed):")
-        for cmd in plan(manager, compute, version):
-            say(f"    {shlex.join(cmd)}")
+        for step in plan(manager, compute, version):
+            say(f"    {shlex.join(step.cmd)}")
         return False
     if manager == "venv" and find_python(version) is None:
         say(f"  python{version} not found: the venv gets this Python ({sys.version.split()[0]})")
-    if manager in CONDA_TOOLS and INDEX_ENV in os.environ:
-        say(f"  note: {INDEX_ENV} applies to uv and venv; conda reads environment.yml")
+    index = torch_index(compute)
+    if index is None and compute != "auto":
+        say(f"  note: {INDEX_ENV} is empty: torch comes from the default index, checked to be")
+        say(f"    a {compute} build (PyPI's default on Linux is a CUDA build)")
     exists = manager not in CONDA_TOOLS and env_python(manager).exists()
-    index = "environment.yml" if manager in CONDA_TOOLS else torch_index(compute) or "PyPI only"
-    say(f"  environment: {manager} -> {env_dir(manager)} (python {version}, torch index: {index})")
-    for cmd in plan(manager, compute, version, tool=tool, exists=exists):
-        if not run_step(shlex.join(cmd), cmd, log):
-            say(f"    retry: cd {shlex.quote(str(PROJECT))} && python scripts/create_env.py")
-            return False
+    say(
+        f"  environment: {manager} -> {env_dir(manager)} (python {version}, "
+        f"torch {compute} from {torch_source(index)})"
+    )
+    for step in plan(manager, compute, version, tool=tool, exists=exists):
+        if run_step(shlex.join(step.cmd), step.cmd, log):
+            continue
+        if step.kind == "torch":
+            say(f"    {torch_fix(index, compute)}")
+        elif step.kind == "check":
+            cmd = uninstall_torch(manager, tool)
+            run_step(shlex.join(cmd), cmd, log)
+            say(f"    {build_fix(index, compute)}")
+        say(f"    retry: cd {shlex.quote(str(PROJECT))} && python scripts/create_env.py")
+        return False
     return True
 
 
@@ -286,7 +409,7 @@ def parse_args(argv: list[str] | None, answers: dict) -> argparse.Namespace:
         "--compute",
         choices=COMPUTES,
         default=answers.get("compute", "auto"),
-        help="PyTorch build, for uv and venv (conda: see environment.yml)",
+        help="PyTorch build: cpu, a CUDA variant, or auto for PyPI's default",
     )
     parser.add_argument(
         "--python-version",
@@ -304,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, load_answers())
     manager, tool = resolve_manager(args.manager, args.python_version)
     if args.dry_run:
-        for cmd in plan(manager, args.compute, args.python_version, tool=tool):
-            say(shlex.join(cmd))
+        for step in plan(manager, args.compute, args.python_version, tool=tool):
+            say(shlex.join(step.cmd))
         return 0
     log = PROJECT / LOG_NAME  # written only when a command runs
     created = create(manager, tool, args.compute, args.python_version, log)

@@ -6,6 +6,9 @@ Only rank 0 creates a logger; the others get a disabled one, so callers never br
 from __future__ import annotations
 
 import csv
+import errno
+import io
+import os
 import time
 from pathlib import Path
 
@@ -16,6 +19,11 @@ class MetricLogger:
         self.tensorboard = tensorboard and run_dir is not None
         self.start_step = start_step
         self._writer = None
+        if run_dir is not None:
+            # Found now, before an epoch's work, rather than when the first row is due.
+            for path in (run_dir / "metrics.csv", run_dir.parent / "runs.csv"):
+                if path.is_dir():
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
 
     @property
     def enabled(self) -> bool:
@@ -54,10 +62,22 @@ def append_run_summary(output_dir: Path, row: dict) -> None:
 
 
 def _append_csv(path: Path, row: dict) -> None:
-    """Append a row; the header is written with the first one."""
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(row))
-        if new:
+    """Append a row; the header is written with the first one. A write that fails (a full
+    disk, a file-size limit) is cut off again, so the file never ends in half a row."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(row))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        if start == 0:
             writer.writeheader()
         writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        data = text.getvalue().encode()
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)

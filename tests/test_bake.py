@@ -64,6 +64,7 @@ EXPECTED = {
     "tests/test_models.py",
     "tests/test_train.py",
     "tests/test_faults.py",
+    "tests/test_bad_input.py",
     "tests/test_distributed.py",
     "tests/test_doctor.py",
     "tests/test_benchmarks.py",

@@ -69,6 +69,7 @@ EXPECTED = {
     "tests/test_faults.py",
     "tests/test_resume.py",
     "tests/test_devices.py",
+    "tests/test_bad_input.py",
     "tests/test_distributed.py",
     "tests/test_doctor.py",
     "tests/test_benchmarks.py",

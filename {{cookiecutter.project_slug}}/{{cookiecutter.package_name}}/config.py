@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from .errors import ConfigError
 @dataclass
 class RunConfig:
     name: str = "default"  # run folder <output_dir>/<name>/: checkpoints, logs, resolved config
-    seed: int = 42  # base seed; rank r of a distributed run uses seed + r
+    seed: int = 42  # base seed, 0 <= seed < 2**63; rank r of a distributed run uses seed + r
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
     output_dir: str = "checkpoints"  # parent folder of every run folder
     deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
@@ -40,7 +41,7 @@ class DataConfig:
     val_size: int = 1024  # synthetic: samples in the validation split
     image_size: int = 16  # synthetic: height = width of the images
     num_classes: int = 10  # synthetic: number of classes
-    num_workers: int = 0  # loader processes; 0 suits in-memory data, raise it for decoding
+    num_workers: int = 0  # loader processes (at most 256); 0 suits in-memory data
     pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (CUDA only)
 
 
@@ -48,7 +49,7 @@ class DataConfig:
 class ModelConfig:
     name: str = "cnn"  # a key of MODELS in models/__init__.py
     width: int = 32  # channels of the first block (cnn) / hidden units (mlp)
-    depth: int = 2  # conv blocks (cnn) / hidden layers (mlp)
+    depth: int = 2  # conv blocks (cnn) / hidden layers (mlp), at most 64
     dropout: float = 0.1  # before the classifier head
 
 
@@ -108,7 +109,7 @@ def load_config(
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
+        node[leaf] = _parse_value(item, raw)
     cfg = from_dict(data)
     validate(cfg)
     return cfg
@@ -124,7 +125,13 @@ def to_dict(cfg: Config) -> dict:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write via a temporary file and a rename: a full disk never leaves half a config."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def validate(cfg: Config) -> None:
@@ -142,15 +149,17 @@ def validate(cfg: Config) -> None:
         ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
         ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
         ("train.best_metric", cfg.train.best_metric in ("acc", "loss"), "acc or loss"),
-        ("data.num_workers", cfg.data.num_workers >= 0, ">= 0"),
+        ("data.num_workers", 0 <= cfg.data.num_workers <= 256, "between 0 and 256"),
         ("data.train_size", cfg.data.train_size >= 1, ">= 1"),
         ("data.val_size", cfg.data.val_size >= 1, ">= 1"),
         ("data.image_size", cfg.data.image_size >= 4, ">= 4"),
         ("data.num_classes", cfg.data.num_classes >= 2, ">= 2"),
         ("model.width", cfg.model.width >= 1, ">= 1"),
-        ("model.depth", cfg.model.depth >= 1, ">= 1"),
+        ("model.depth", 1 <= cfg.model.depth <= 64, "between 1 and 64"),
         ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
         ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
+        # torch seeds are 64-bit; ranks add their rank and the sampler its epoch to the seed.
+        ("run.seed", 0 <= cfg.run.seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),
     ]
     for key, ok, rule in checks:
@@ -177,26 +186,64 @@ def _is_cuda_index(device: str) -> bool:
     return device.startswith("cuda:") and device[5:].isdigit()
 
 
-def _read_file(path: Path, seen: tuple) -> dict:
+def _read_file(path: Path, seen: tuple, named_by: str = "the path given to --config") -> dict:
     """Read a YAML config; `extends: other.yaml` (relative to this file) is read first."""
+    name = str(path)
     if not path.is_file():
-        raise ConfigError(
-            f"config file {str(path)!r} not found (check the path given to --config)"
-        )
+        raise ConfigError(f"config file {name!r} not found (check {named_by})")
     if path.resolve() in seen:
-        raise ConfigError(f"config file {str(path)!r} extends itself in a loop")
+        raise ConfigError(f"config file {name!r} extends itself in a loop")
+    raw = path.read_bytes()
+    if b"\0" in raw:
+        raise ConfigError(f"config file {name!r} is binary, not YAML text; pass a .yaml file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {name!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}); save it with UTF-8 encoding"
+        ) from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except RecursionError:  # PyYAML recurses once per nesting level
+        raise ConfigError(
+            f"config file {name!r} is nested too deeply to read; a config holds sections of "
+            "key: value lines"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config file {str(path)!r}{where} is not valid YAML") from None
+        raise ConfigError(f"config file {name!r}{where} is not valid YAML") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
+        raise ConfigError(f"config file {name!r} must hold a mapping of sections")
     base = data.pop("extends", None)
     if base is None:
         return data
-    return _merge(_read_file(path.parent / base, seen + (path.resolve(),)), data)
+    if not isinstance(base, str) or not base.strip() or "\0" in base:
+        raise ConfigError(
+            f"config file {name!r}: extends must be the path of another config file, "
+            f"e.g. extends: ../default.yaml; got {_short(repr(base))}"
+        )
+    parent = _read_file(path.parent / base, (*seen, path.resolve()), f"extends: in {name}")
+    return _merge(parent, data)
+
+
+def _parse_value(item: str, raw: str) -> Any:
+    """The value of a `key=value` override, read as YAML: 3 -> int, true -> bool, [1] -> list."""
+    if not raw.strip():
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except (yaml.YAMLError, RecursionError) as exc:
+        problem = getattr(exc, "problem", None) or "nested too deeply"
+        raise ConfigError(
+            f"override {_short(item)!r}: cannot read the value ({problem}); write a number, "
+            "true/false or plain text, and quote text that starts with [ { ! & * or a quote"
+        ) from None
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -221,6 +268,8 @@ def _all_keys(cls=Config, prefix: str = "") -> list[str]:
 
 
 def _build(cls, data: Any, prefix: str):
+    if data is None and prefix:  # a section whose lines are all commented out
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a section (key: value lines)")
     hints = typing.get_type_hints(cls)
@@ -257,16 +306,23 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         ok = isinstance(value, bool)
     elif hint is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -(2**63) <= value < 2**63:
+            raise ConfigError(f"{key} must fit in 64 bits, got {_short(str(value))}")
     elif hint is float:
         if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
             with contextlib.suppress(ValueError):
                 value = float(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        if ok and isinstance(value, int) and abs(value) >= 2**1023:
+            value = math.inf if value > 0 else -math.inf  # beyond float range: 1e400
+        elif ok:
+            value = float(value)
     elif hint is str:
         value = "" if value is None else value  # `key=` with nothing after it
         ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
         value = str(value) if ok else value
+        if ok and "\0" in value:  # the OS refuses such paths and names
+            raise ConfigError(f"{key} contains a NUL character: {_short(repr(value))}")
     if not ok:
         raise ConfigError(f"{key} expects {hint.__name__}, got {value!r} ({type(value).__name__})")
     return value

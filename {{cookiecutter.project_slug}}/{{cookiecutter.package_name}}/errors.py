@@ -1,5 +1,7 @@
 """Errors a user can fix. The scripts print these as one line and exit non-zero."""
 
+import re
+
 
 class UserError(Exception):
     """Bad input (a config value, a path, a checkpoint); the message names problem and fix."""
@@ -11,3 +13,21 @@ class ConfigError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint that is missing, corrupt, unsafe or does not fit the model."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An allocation that failed: a size in the config too large for this machine or GPU."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "DefaultCPUAllocator" in text or "not enough memory" in text or "out of memory" in text
+    )
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, shortened: for one-line error reports."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    text = re.sub(r"^\[enforce fail at [^\]]*\] (err == 0\. )?", "", text)  # c10's prefix
+    return text if len(text) <= limit else text[: limit - 3] + "..."

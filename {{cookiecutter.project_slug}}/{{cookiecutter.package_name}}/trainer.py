@@ -221,8 +221,9 @@ def open_run_folder(cfg: Config, ckpts: RunFolder, step: int) -> MetricLogger:
     """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on."""
     ckpts.lock()
     ckpts.remove_stale_temporaries()
+    log = MetricLogger(ckpts.run_dir, cfg.run.tensorboard, start_step=step)  # checks its files
     save_config(cfg, ckpts.run_dir / "config.yaml")
-    return MetricLogger(ckpts.run_dir, cfg.run.tensorboard, start_step=step)
+    return log
 
 
 def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str | None]:

@@ -1,12 +1,19 @@
 """Your own data as tensor files: <data.root>/train.pt and val.pt, each {"x": (N, ...), "y": (N,)}.
 
 Make them once from whatever arrays you have, e.g.
-    x, y = torch.from_numpy(images).float(), torch.from_numpy(labels)
+    x, y = torch.from_numpy(images).float(), torch.from_numpy(labels).long()
     torch.save({"x": x, "y": y}, "data/train.pt")
+
+Checked at load, each problem reported on one line: x is a floating-point tensor of at least
+2 dims (float64 and float16 are converted to float32; integer images are refused, since their
+scale is unknown: convert them, e.g. x.float() / 255); y holds N integer class ids 0..K-1,
+where K counts the classes of train.pt; val.pt has the same sample shape. Grayscale images
+(N, H, W) get a channel dim, (N, 1, H, W), so the cnn can run on them.
 """
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -15,27 +22,82 @@ from ..config import DataConfig
 from ..errors import ConfigError
 from .in_memory import InMemoryDataset
 
+FORMAT = '{"x": float tensor (N, ...), "y": int64 tensor (N,) of class ids 0..K-1}'
+
 
 class TensorFiles(InMemoryDataset):
     def __init__(self, cfg: DataConfig, split: str):
         path = Path(cfg.root) / f"{split}.pt"
-        if not path.is_file():
-            raise ConfigError(
-                f"data file {str(path)!r} not found; put {split}.pt in data.root={cfg.root!r} "
-                "(see data/tensor_files.py) or use data.name=synthetic"
-            )
-        try:
-            blob = torch.load(path, map_location="cpu", weights_only=True)
-            self.x, self.y = blob["x"], blob["y"].long()
-        except Exception as exc:
-            raise ConfigError(
-                f"data file {str(path)!r} is not a dict of tensors 'x' and 'y' ({exc})"
-            ) from None
-        if len(self.x) != len(self.y):
-            raise ConfigError(
-                f"data file {str(path)!r}: {len(self.x)} inputs, {len(self.y)} labels"
-            )
+        self.x, self.y = _load(path, cfg.root, split)
         self.input_shape = tuple(self.x.shape[1:])
-        # Count classes over the training labels so train and val agree.
-        labels = self.y if split == "train" else TensorFiles(cfg, "train").y
-        self.num_classes = int(labels.max()) + 1
+        if split == "train":
+            self.num_classes = int(self.y.max()) + 1
+            if self.num_classes < 2:
+                _refuse(path, "y holds class 0 only; a classifier needs at least 2 classes")
+            return
+        # Classes and sample shape come from train.pt, so that train and val agree.
+        train = TensorFiles(cfg, "train")
+        self.num_classes = train.num_classes
+        if self.input_shape != train.input_shape:
+            _refuse(path, f"samples are {self.input_shape}, but {train.input_shape} in train.pt")
+        if int(self.y.max()) >= self.num_classes:
+            _refuse(
+                path,
+                f"y holds class {int(self.y.max())}, but train.pt has classes "
+                f"0..{self.num_classes - 1} only",
+            )
+
+
+def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if not path.is_file():
+        raise ConfigError(
+            f"data file {str(path)!r} not found; put {split}.pt in data.root={root!r} "
+            "(see data/tensor_files.py) or use data.name=synthetic"
+        )
+    with path.open("rb") as f:
+        magic = f.read(2)
+    if magic not in (b"PK", b"\x80\x02"):  # torch.save's zip archive, or its legacy pickle
+        _refuse(path, "it is not a file written by torch.save")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only" in str(exc).lower():
+            _refuse(path, "it holds pickled Python objects, which are not loaded (code could run)")
+        _refuse(path, "it is not a file written by torch.save")
+    except OSError:
+        raise  # unreadable (permissions): the entry point names the path and the fix
+    except Exception:  # not a zip archive, truncated, or text: each fails differently
+        _refuse(path, "it is not a file written by torch.save, or it is truncated")
+    if not isinstance(blob, dict) or not {"x", "y"} <= blob.keys():
+        keys = sorted(map(str, blob)) if isinstance(blob, dict) else type(blob).__name__
+        _refuse(path, f"it holds {keys}, not the keys 'x' and 'y'")
+    x, y = blob["x"], blob["y"]
+    for key, value in (("x", x), ("y", y)):
+        if not isinstance(value, torch.Tensor):
+            _refuse(path, f"{key} is a {type(value).__name__}, not a tensor")
+    if x.dim() < 2:
+        _refuse(path, f"x has shape {tuple(x.shape)}; it needs a sample dim and a feature dim")
+    if x.dtype in (torch.float64, torch.float16, torch.bfloat16):
+        x = x.float()  # models train in float32 (train.amp handles lower precision)
+    elif not x.dtype.is_floating_point:
+        _refuse(path, f"x is {x.dtype}; convert it once, e.g. x.float() / 255 for 8-bit images")
+    if x.dim() == 3:
+        x = x.unsqueeze(1)  # (N, H, W) grayscale -> (N, 1, H, W)
+    if y.dim() != 1 or y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        _refuse(
+            path,
+            f"y is {y.dtype} of shape {tuple(y.shape)}; it needs class ids "
+            "(y.long(), or y.argmax(1) for one-hot rows)",
+        )
+    if len(x) != len(y):
+        _refuse(path, f"x has {len(x)} samples but y has {len(y)} labels")
+    if len(y) == 0:
+        _refuse(path, "it holds no samples")
+    y = y.long()
+    if int(y.min()) < 0:
+        _refuse(path, f"y holds {int(y.min())}; class ids start at 0")
+    return x, y
+
+
+def _refuse(path: Path, problem: str):
+    raise ConfigError(f"data file {str(path)!r}: {problem}; expected {FORMAT}") from None

@@ -6,6 +6,8 @@ Only rank 0 creates a logger; the others get a disabled one, so callers never br
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import os
 import time
 from pathlib import Path
@@ -26,6 +28,10 @@ class MetricLogger:
         self.start_step = start_step
         self._writer = None
         if run_dir is not None:
+            # Found now, before an epoch's work, rather than when the first row is due.
+            for path in (run_dir / "metrics.csv", run_dir.parent / "runs.csv"):
+                if path.is_dir():
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
             _drop_rows_after(run_dir / "metrics.csv", start_step)
 
     @property
@@ -74,13 +80,25 @@ def record_run(output_dir: Path, row: dict) -> None:
 
 
 def _append_csv(path: Path, row: dict) -> None:
-    """Append a row; the header is written with the first one."""
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(row))
-        if new:
+    """Append a row; the header is written with the first one. A write that fails (a full
+    disk, a file-size limit) is cut off again, so the file never ends in half a row."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(row))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        if start == 0:
             writer.writeheader()
         writer.writerow(_formatted(row))
+        data = text.getvalue().encode()
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
@@ -100,11 +118,14 @@ def _read_csv(path: Path) -> list[dict]:
 def _write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
     """Rewrite through a temporary file and a rename: a crash leaves the old file or the new."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _formatted(row: dict) -> dict:

@@ -152,6 +152,7 @@ def test_train_script_under_torchrun_writes_one_run_folder(tmp_path):
     assert proc.stdout.count("epoch 2/2 |") == 1
     assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
     assert sorted(p.name for p in (out / "default").iterdir()) == [
+        ".lock",
         "best.pt",
         "config.yaml",
         "last.pt",

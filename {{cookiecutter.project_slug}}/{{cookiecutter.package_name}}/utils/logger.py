@@ -70,13 +70,16 @@ def record_run(output_dir: Path, row: dict) -> None:
     per run, replaced when the run is extended, under one header (the union of all rows')."""
     path = output_dir / "runs.csv"
     row = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row}
-    with open(output_dir / ".runs.lock", "a") as lock:
+    folder = os.open(output_dir, os.O_RDONLY)  # locked while the table is rewritten
+    try:
         if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(folder, fcntl.LOCK_EX)
         rows = [r for r in _read_csv(path) if r.get("run") != str(row["run"])]
         rows.append(_formatted(row))
         header = list(dict.fromkeys(key for r in rows for key in r))
         _write_csv(path, header, rows)
+    finally:
+        os.close(folder)  # releases the lock
 
 
 def _append_csv(path: Path, row: dict) -> None:

@@ -166,6 +166,48 @@ def test_train_script_under_torchrun_writes_one_run_folder(tmp_path):
     assert len(last["rng"]) == 2  # each rank's RNG streams
 
 
+# One process joins a one-rank gloo group as train() does (setup, then DDP, whose first use
+# imports torch._dynamo and torch.distributed.nn), leaves it, and lists its threads.
+LEAVE_GROUP = """
+import os
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from {{ cookiecutter.package_name }} import distributed
+
+distributed.setup("cpu")
+ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+ddp(torch.ones(2, 4)).sum().backward()
+del ddp
+distributed.teardown()
+tasks = "/proc/self/task"
+print(sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads threads from /proc")
+def test_teardown_frees_the_gloo_group_before_interpreter_exit():
+    # A group still alive after teardown is torn down during interpreter shutdown, where gloo
+    # can abort (a rare SIGABRT under torchrun): its worker and socket threads must be gone.
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAVE_GROUP],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    threads = proc.stdout.strip().splitlines()[-1]
+    assert "gloo" not in threads, threads
+
+
 @slow
 def test_two_ranks_equal_one_process_with_twice_the_batch(two_ranks, one_process):
     """Rank r reads positions r, r+2, ... of the same order and DDP averages the gradients,

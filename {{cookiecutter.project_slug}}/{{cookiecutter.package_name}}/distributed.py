@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (must come before init_process_group: see teardown)
 from torch import nn
 
 from .errors import ConfigError
@@ -56,6 +57,16 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device]:
 
 
 def teardown() -> None:
+    """Leave the process group, and free it now, while the interpreter is fully alive.
+
+    destroy_process_group() frees the group only if nothing else holds it. torch's
+    torch.distributed.nn.functional binds `group.WORLD` as a default argument when it is
+    first imported, and DistributedDataParallel and the first optimizer step import it (via
+    torch._dynamo): imported after init_process_group, it would keep the gloo group, its
+    worker and socket threads alive until interpreter shutdown, where tearing them down
+    can abort (SIGABRT), more often when a peer has already exited. Importing it at the top
+    of this module, before any group exists, binds None instead.
+    """
     if dist.is_available() and dist.is_initialized():
         gc.collect()  # DDP wrappers sit in reference cycles: free them while the group lives
         dist.destroy_process_group()

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  (must come before init_process_group: see teardown)
 from torch import nn
 
 from .errors import ConfigError
 from .utils.device import resolve_device
 from .utils.signals import StopSignal
+
+if dist.is_available():  # before any init_process_group: see teardown()
+    import torch.distributed.nn  # noqa: F401
 
 
 @dataclass(frozen=True)

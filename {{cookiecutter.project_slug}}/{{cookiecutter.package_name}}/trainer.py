@@ -178,20 +178,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
             vote=distributed.StopVote(stop, device, progress.step),
         )
         metrics, stopped = run_epochs(loop, train_loader, val_loader, ckpts)
-        if stopped and dist.is_main:
-            print(f"stopped ({stopped}) at step {progress.step}; saved {run_dir / 'last.pt'}")
-        elif stopped is None and dist.is_main:
-            record_run(
-                Path(cfg.run.output_dir),
-                {
-                    "run": cfg.run.name,
-                    "model": cfg.model.name,
-                    "epochs": progress.epoch,
-                    "steps": progress.step,
-                    f"best_val_{cfg.train.best_metric}": progress.best,
-                    **{f"val_{k}": v for k, v in metrics.items()},
-                },
-            )
+        if dist.is_main:
+            summarise(cfg, progress, metrics, stopped)
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
         distributed.barrier()
@@ -249,6 +237,25 @@ def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str |
         if stopped:
             return metrics, stopped
     return metrics, None
+
+
+def summarise(cfg: Config, progress: Progress, metrics: dict, stopped: str | None) -> None:
+    """Where a stopped run was saved, or the finished run's line in runs.csv."""
+    if stopped:
+        last = Path(cfg.run.output_dir) / cfg.run.name / "last.pt"
+        print(f"stopped ({stopped}) at step {progress.step}; saved {last}")
+        return
+    record_run(
+        Path(cfg.run.output_dir),
+        {
+            "run": cfg.run.name,
+            "model": cfg.model.name,
+            "epochs": progress.epoch,
+            "steps": progress.step,
+            f"best_val_{cfg.train.best_metric}": progress.best,
+            **{f"val_{k}": v for k, v in metrics.items()},
+        },
+    )
 
 
 def result(progress: Progress, metrics: dict, stopped: str | None, model: nn.Module) -> dict:

@@ -193,9 +193,11 @@ def load(path: str | Path) -> dict:
     except (EOFError, zipfile.BadZipFile, KeyError, IndexError, ValueError) as exc:
         raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
     except RuntimeError as exc:
-        if "PytorchStreamReader" in str(exc) or "zip archive" in str(exc):
-            raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
-        raise CheckpointError(_unreadable(path, exc)) from None
+        # torch says "PytorchStreamReader failed...", "Invalid magic number; corrupt file?" and
+        # more for bad bytes; the same class also carries allocation failures.
+        if "memory" in str(exc).lower() or not _reads_back(path):
+            raise CheckpointError(_unreadable(path, exc)) from None
+        raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
     except OSError as exc:
         # torch's zip reader raises EINVAL on a truncated file: the file's fault only if
         # plain reading succeeds. Any other errno (EIO, ESTALE, EACCES...) is the system's.

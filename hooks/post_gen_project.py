@@ -35,6 +35,12 @@ def remove_unused_files(answers: dict, project: Path) -> None:
     """Files that only some answers need (the template renders them for every answer)."""
     if answers.get("license") == "none":
         (project / "LICENSE").unlink(missing_ok=True)
+    if answers.get("ci") == "none":
+        shutil.rmtree(project / ".github", ignore_errors=True)
+    if answers.get("docker") != "yes":
+        for name in ("Dockerfile", ".dockerignore"):
+            (project / name).unlink(missing_ok=True)
+        shutil.rmtree(project / ".devcontainer", ignore_errors=True)
 
 
 def git_identity_args(answers: dict, project: Path) -> list[str]:

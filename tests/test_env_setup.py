@@ -166,6 +166,19 @@ def test_none_plans_nothing(ce):
     assert ce.plan("none", "cpu", "3.11") == []
 
 
+def test_the_last_line_says_what_to_do_next(ce, tmp_path):
+    """The hook runs outside the project: the hint must enter it; `none` says how to make one."""
+    project = tmp_path / "my project"
+    venv = ce.next_step("venv", created=True, project=project)
+    assert venv == f"activate the environment with: cd '{project}' && source .venv/bin/activate"
+    conda = ce.next_step("micromamba", created=True, project=project)
+    assert conda.endswith(f"conda activate '{project / '.conda-env'}'")
+    none = ce.next_step("none", created=True, project=project)
+    assert "no environment was created" in none
+    assert f"cd '{project}' && python scripts/create_env.py --manager venv" in none
+    assert ce.next_step("uv", created=False, project=project) is None  # the failure said it
+
+
 def test_no_command_names_the_dead_pytorch_channel(ce, tmp_path):
     for manager in (*CONDA_TOOLS, "uv", "venv"):
         for compute in COMPUTES:

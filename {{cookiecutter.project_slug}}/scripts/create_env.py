@@ -387,12 +387,25 @@ def smoke(manager: str, created: bool, log: Path) -> bool:
     return True
 
 
-def activate_hint(manager: str) -> str:
+def activate_hint(manager: str, project: Path = PROJECT) -> str:
+    """The command that enters the environment, from anywhere (the hook runs outside it)."""
     if manager in CONDA_TOOLS:
-        return f"conda activate {PROJECT / CONDA_ENV_DIR}"
+        return f"conda activate {shlex.quote(str(project / CONDA_ENV_DIR))}"
     if os.name == "nt":
-        return rf"{VENV_DIR}\Scripts\activate"
-    return f"source {VENV_DIR}/bin/activate"
+        return rf'cd "{project}" && {VENV_DIR}\Scripts\activate'
+    return f"cd {shlex.quote(str(project))} && source {VENV_DIR}/bin/activate"
+
+
+def next_step(manager: str, created: bool, project: Path = PROJECT) -> str | None:
+    """What to do after this script: enter the environment, or make one."""
+    if manager == "none":
+        return (
+            "no environment was created (env_manager=none); make one later with "
+            f"`cd {shlex.quote(str(project))} && python scripts/create_env.py --manager venv` "
+            "(or uv, conda, mamba, micromamba), or install into your own: "
+            "pip install -r requirements.txt -e '.[dev]'"
+        )
+    return f"activate the environment with: {activate_hint(manager, project)}" if created else None
 
 
 def parse_args(argv: list[str] | None, answers: dict) -> argparse.Namespace:
@@ -433,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     log = PROJECT / LOG_NAME  # written only when a command runs
     created = create(manager, tool, args.compute, args.python_version, log)
     passed = smoke(manager, created, log) if args.smoke else True
-    if created and manager != "none":
-        say(f"  activate the environment with: {activate_hint(manager)}")
+    hint = next_step(manager, created)
+    if hint:
+        say(f"  {hint}")
     return 0 if created and passed else 1
 
 

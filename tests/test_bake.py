@@ -77,6 +77,9 @@ EXPECTED = {
     "tests/test_gpu_check.py",
 }
 
+# What docker=yes adds (tests/test_docker.py checks their content).
+DOCKER_FILES = {"Dockerfile", ".dockerignore", ".devcontainer/devcontainer.json"}
+
 AWKWARD = {
     "project_name": 'Ça va? L\'équipe "Quotes" \\ Ünïcode',
     "author_name": 'O\'Brien "The Dev" Müller \\',
@@ -99,8 +102,14 @@ def test_default_bake_has_exactly_the_expected_files(bake):
     assert files_of(project) == expected
 
 
+def test_docker_yes_adds_exactly_the_container_files(bake):
+    project = bake(docker="yes")
+    expected = {f.replace("PKG", "my_pytorch_project") for f in EXPECTED | DOCKER_FILES}
+    assert files_of(project) == expected
+
+
 def test_no_template_syntax_survives(bake):
-    project = bake(**AWKWARD)
+    project = bake(**AWKWARD, docker="yes")
     for path in project.rglob("*"):
         if path.is_file():
             text = path.read_text(errors="ignore")
@@ -135,7 +144,7 @@ MATRIX = [
     {"license": "MIT", "python_version": "3.11", "compute": "auto"},
     {"license": "BSD-3-Clause", "python_version": "3.10", "compute": "cpu"},
     {"license": "Apache-2.0", "python_version": "3.12", "compute": "cu126"},
-    {"license": "none", "python_version": "3.13", "compute": "cu128"},
+    {"license": "none", "python_version": "3.13", "compute": "cu128", "docker": "yes"},
     {"license": "MIT", "python_version": "3.12", "compute": "cu130", **AWKWARD},
 ]
 
@@ -157,6 +166,8 @@ def test_option_matrix_is_lint_clean_and_parses(bake, context):
         assert context["license"].split("-")[0] in license_file.read_text()[:200].replace(" ", "-")
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert meta["requires-python"] == f">={context['python_version']}"
+    docker = context.get("docker", "no") == "yes"
+    assert all((project / name).exists() == docker for name in DOCKER_FILES)
 
 
 def test_every_path_named_by_readme_and_makefile_exists(bake):

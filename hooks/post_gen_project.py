@@ -7,6 +7,8 @@ the project is kept. COOKIECUTTER_PYTORCH_SKIP_SETUP=1 skips git, environment an
 (for the CI of other tools and for `cruft update`, which re-runs hooks in a temporary copy).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import shutil

@@ -4,8 +4,11 @@ The environment and the smoke test are the job of the project's own scripts/crea
 the same code that `make env` runs; this hook calls it with this interpreter. Nothing here
 fails the generation: a failed step is reported with its log and the command to retry, and
 the project is kept. COOKIECUTTER_PYTORCH_SKIP_SETUP=1 skips git, environment and smoke test
-(for the CI of other tools and for `cruft update`, which re-runs hooks in a temporary copy).
+(for the CI of other tools); so does cruft, which re-runs the hooks in temporary copies on
+every `cruft update` and diffs them (a .git or .venv there breaks the diff).
 """
+
+from __future__ import annotations
 
 import json
 import os
@@ -29,6 +32,11 @@ def say(message: str) -> None:
 
 def skip_setup(environ=os.environ) -> bool:
     return environ.get(SKIP_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def run_by_cruft(answers: dict) -> bool:
+    """cruft adds the template's commit to the answers; plain cookiecutter does not."""
+    return "_commit" in answers
 
 
 def remove_unused_files(answers: dict, project: Path) -> None:
@@ -98,6 +106,9 @@ def main() -> int:
     remove_unused_files(ANSWERS, project)
     if skip_setup():
         say(f"cookiecutter-pytorch: {SKIP_ENV} is set: no git, environment or smoke test")
+        return 0
+    if run_by_cruft(ANSWERS):
+        say("cookiecutter-pytorch: run by cruft: no git, environment or smoke test (make env)")
         return 0
     start = time.monotonic()
     say(f"cookiecutter-pytorch: setting up {project}")

@@ -3,14 +3,27 @@
 Each problem is one line that names the field, the value, what would be accepted and how to
 pass a fix on the command line. Cookiecutter has already created the (empty) project directory
 when this hook runs, and deletes it when the hook fails.
+
+Both hooks run on the Python that cookiecutter runs on, from 3.9; an older one is refused here
+with one line, before any check.
 """
+
+from __future__ import annotations
 
 import json
 import keyword
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
+
+if sys.version_info < (3, 9):  # noqa: UP036 (the floor is what this checks at run time)
+    sys.exit(
+        f"cookiecutter-pytorch: cookiecutter runs on Python {sys.version.split()[0]}, and this "
+        "template needs 3.9 or newer: install cookiecutter for a newer Python "
+        "(e.g. pipx install --python python3.12 cookiecutter) and run it again"
+    )
 
 # Read once, as JSON in a raw string, so that quotes, backslashes and unicode in any answer cannot
 # break this file; before rendering the line is valid Python too.
@@ -35,13 +48,25 @@ def check_slug(slug: str) -> str | None:
     return f"use {SLUG_RULE} (no '/', no spaces, no leading '.' or '-')"
 
 
+def stdlib_module_names() -> frozenset[str]:
+    """Top-level module names of the standard library (sys.stdlib_module_names from 3.10)."""
+    if hasattr(sys, "stdlib_module_names"):
+        return frozenset(sys.stdlib_module_names)
+    names = set(sys.builtin_module_names)
+    for folder in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]):
+        for path in (Path(folder), Path(folder) / "lib-dynload"):
+            if path.is_dir():
+                names.update(p.name.split(".")[0] for p in path.iterdir())
+    return frozenset(names - {"site-packages", "lib-dynload", "__pycache__"})
+
+
 def check_package_name(name: str) -> str | None:
     """Why `name` cannot be the import name of the package, or None."""
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
         return f"use {PACKAGE_RULE}"
     if keyword.iskeyword(name):
         return "it is a Python keyword"
-    if name in sys.stdlib_module_names:
+    if name in stdlib_module_names():
         return f"it would shadow the standard library module '{name}'"
     if name in DEPENDENCIES:
         return f"it would shadow the project's dependency '{name}'"

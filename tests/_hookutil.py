@@ -43,14 +43,19 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
-def render_hook(name: str, workdir: Path, **overrides: str) -> ModuleType:
-    """hooks/<name>.py rendered the way cookiecutter renders it, then imported."""
+def render_hook_file(name: str, workdir: Path, **overrides: str) -> Path:
+    """hooks/<name>.py rendered the way cookiecutter renders it, written into `workdir`."""
     context = {"cookiecutter": answers(**overrides)}
     source = (TEMPLATE / "hooks" / f"{name}.py").read_text(encoding="utf-8")
     env = StrictEnvironment(context=context, keep_trailing_newline=True)
     path = workdir / f"{name}_{next(_count)}.py"
     path.write_text(env.from_string(source).render(**context), encoding="utf-8")
-    return load_module(path)
+    return path
+
+
+def render_hook(name: str, workdir: Path, **overrides: str) -> ModuleType:
+    """hooks/<name>.py rendered the way cookiecutter renders it, then imported."""
+    return load_module(render_hook_file(name, workdir, **overrides))
 
 
 def load_create_env() -> ModuleType:

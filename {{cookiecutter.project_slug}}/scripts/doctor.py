@@ -3,7 +3,8 @@
 One line per check: Python version and active virtual/conda env; `import torch` (in a subprocess,
 so a broken CUDA install can't take the doctor down); the build (CUDA, cuDNN, MPS); the NVIDIA
 driver (nvidia-smi) cross-checked against the build; a tiny GPU matmul, native bf16, NCCL and
-TF32 when CUDA works; the dependencies and the project package (from .cookiecutter.json) import.
+TF32 when CUDA works; the CPU load and torch's thread count against the CPUs; the dependencies
+and the project package (from .cookiecutter.json) import.
 
     python scripts/doctor.py [--json]     # or: make doctor.  Exits 1 if any check fails.
 """
@@ -42,6 +43,7 @@ with warnings.catch_warnings(record=True) as caught:  # holds the reason CUDA in
     warnings.simplefilter("always")
     f["cuda_available"] = torch.cuda.is_available()
 f["cuda_warning"] = next((str(w.message).strip().splitlines()[0] for w in caught), None)
+f["threads"] = torch.get_num_threads()
 if f["cuda_available"]:
     f["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     f["capability"] = list(torch.cuda.get_device_capability(0))
@@ -142,6 +144,15 @@ def probe_python(root: Path) -> dict:
     return {"version": here, "requires": requires, "env": env, "executable": sys.executable}
 
 
+def probe_cpu() -> dict:
+    """CPUs of the machine, those this process may use (affinity: taskset, cgroups, SLURM) and
+    the 1-minute load average (None where the OS has none)."""
+    machine = os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"machine": machine, "usable": usable, "load": load}
+
+
 def gather_facts(root: Path = ROOT) -> dict:
     try:
         package = json.loads((root / ".cookiecutter.json").read_text()).get("package_name")
@@ -152,6 +163,7 @@ def gather_facts(root: Path = ROOT) -> dict:
         "python": probe_python(root),
         "torch": probe_torch(),
         "smi": probe_nvidia_smi(),
+        "cpu": probe_cpu(),
         "env": {k: os.environ[k] for k in names if k in os.environ},
         "imports": probe_imports([*DEPS, *([package] if package else [])]),
         "package": package,
@@ -290,6 +302,25 @@ def healthy_cuda(t: dict) -> list[Check]:
     return checks
 
 
+def diagnose_cpu(f: dict) -> list[Check]:
+    """Oversubscribed CPUs make CPU training several times slower, and nothing else says so."""
+    cpu, threads = f["cpu"], f["torch"].get("threads")
+    usable, machine, load = cpu["usable"], cpu["machine"], cpu["load"]
+    checks = []
+    if threads:
+        msg = f"torch uses {threads} CPU threads per process; {usable} CPUs usable here"
+        fix = f"{msg}: threads beyond the CPUs wait on each other; set run.threads={usable}"
+        checks.append(pick(threads <= usable, msg, fix))
+    if load is not None:
+        # The load average counts the runnable tasks of the whole machine, so it is measured
+        # against all its CPUs; the usable ones are named because they are what a run gets.
+        msg = f"load {load:.1f} (1-minute average) on {machine} CPUs ({usable} usable here)"
+        fix = f"{msg}: the CPUs are oversubscribed and CPU training runs several times slower; "
+        fix += "use run.threads=1 per process, or run fewer jobs in parallel"
+        checks.append(pick(load <= machine, msg, fix))
+    return checks
+
+
 def diagnose_deps(f: dict) -> list[Check]:
     checks = []
     for name in DEPS:
@@ -305,7 +336,8 @@ def diagnose_deps(f: dict) -> list[Check]:
 
 
 def diagnose(f: dict) -> list[Check]:
-    return diagnose_python(f) + diagnose_torch(f) + diagnose_cuda(f) + diagnose_deps(f)
+    checks = diagnose_python(f) + diagnose_torch(f) + diagnose_cuda(f)
+    return checks + diagnose_cpu(f) + diagnose_deps(f)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ class RunConfig:
     deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
     log_every: int = 50  # optimizer steps between loss reads (each read waits for the GPU)
     tensorboard: bool = True  # TensorBoard events beside metrics.csv
+    threads: int = 0  # torch CPU threads per process; 0 = auto (usable CPUs / local processes)
 
 
 @dataclass
@@ -158,6 +159,7 @@ def validate(cfg: Config) -> None:
         ("model.depth", 1 <= cfg.model.depth <= 64, "between 1 and 64"),
         ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
         ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
+        ("run.threads", cfg.run.threads >= 0, ">= 1, or 0 for auto"),
         # torch seeds are 64-bit; ranks add their rank and the sampler its epoch to the seed.
         ("run.seed", 0 <= cfg.run.seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),

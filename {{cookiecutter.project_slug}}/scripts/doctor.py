@@ -23,8 +23,23 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPS = ("numpy", "yaml", "tqdm", "tensorboard")
-# Newest first: (wheel tag, its CUDA version, the oldest NVIDIA driver that runs it).
-WHEELS = (("cu130", (13, 0), 580), ("cu128", (12, 8), 570), ("cu126", (12, 6), 560))
+
+
+class Wheel(NamedTuple):
+    tag: str  # the wheel index: download.pytorch.org/whl/<tag>
+    cuda: tuple[int, int]  # the CUDA version torch is built with
+    driver_cuda: tuple[int, int]  # the oldest driver (its nvidia-smi "CUDA Version") it is for
+    driver: int  # that driver's Linux version, as the template's `compute` prompts say
+
+
+# Newest first. NVIDIA's minor-version compatibility runs any CUDA 12.x build on any 12.x
+# driver (>= 525.60.13 on Linux), so cu126 serves every 12.x driver; cu128 is for 12.8's own
+# drivers (>= 570), the first to support Blackwell GPUs; CUDA 13.x needs >= 580.
+WHEELS = (
+    Wheel("cu130", (13, 0), (13, 0), 580),
+    Wheel("cu128", (12, 8), (12, 8), 570),
+    Wheel("cu126", (12, 6), (12, 0), 525),
+)
 CUDA_LIB_ERROR = re.compile(r"libc10_cuda|libcudart|libcudnn|libcublas|libnccl|undefined symbol")
 INDEX = "https://download.pytorch.org/whl/"
 TAG = "DOCTOR_JSON "
@@ -183,20 +198,18 @@ def version(text: str | None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def wheel_for(smi: dict) -> tuple | None:
-    """The newest entry of WHEELS that this driver runs (None: the driver must be updated)."""
+def wheel_for(smi: dict) -> Wheel | None:
+    """The newest entry of WHEELS for this driver (None: the driver must be updated)."""
     have = version(smi.get("cuda"))
-    fits = [w for w in WHEELS if have is None or have >= w[1]]
-    # CUDA minor-version compatibility: any 12.x driver (>= 525) runs the 12.x wheels.
-    fits += [w for w in WHEELS[-1:] if have and have[0] == w[1][0]]
+    fits = [w for w in WHEELS if have is None or have >= w.driver_cuda]
     return fits[0] if fits else None
 
 
 def reinstall(smi: dict) -> str:
     wheel = wheel_for(smi)
     if wheel is None:
-        return f"update the NVIDIA driver to >= {WHEELS[-1][2]}"
-    return f"pip install --force-reinstall torch --index-url {INDEX}{wheel[0]}"
+        return f"update the NVIDIA driver to >= {WHEELS[-1].driver}"
+    return f"pip install --force-reinstall torch --index-url {INDEX}{wheel.tag}"
 
 
 def cuda_in_ld_path(f: dict) -> str:
@@ -268,12 +281,14 @@ def diagnose_cuda(f: dict) -> list[Check]:
         return checks + [Check("warn", msg)]
     why = t.get("cuda_warning") or "no reason given"
     have, need = version(smi.get("cuda")), version(t["cuda"])
-    if (have and need and have < need) or "too old" in why:
-        driver = next((f" to >= {d}" for _, c, d in WHEELS if c == need), "")
+    built = next((w for w in WHEELS if w.cuda == need), None)  # torch's own wheel, if listed
+    floor = built.driver_cuda if built else need
+    if (have and floor and have < floor) or "too old" in why:
+        driver = f" to >= {built.driver}" if built else ""
         msg = f"NVIDIA driver {smi.get('driver')} is too old: it runs CUDA <= {smi.get('cuda')}"
         msg += f", torch {t['version']} needs CUDA {t['cuda']}: update the driver{driver}"
         wheel = wheel_for(smi)  # an older wheel is the alternative to a driver update
-        alt = f" or {reinstall(smi)}" if wheel and need and wheel[1] < need else ""
+        alt = f" or {reinstall(smi)}" if wheel and need and wheel.cuda < need else ""
         return checks + [Check("FAIL", msg + alt)]
     msg = f"torch.cuda.is_available() is False with a CUDA build and a driver ({why})"
     return checks + [Check("FAIL", f"{msg}{cuda_in_ld_path(f)}; in a container pass --gpus all")]

@@ -30,12 +30,15 @@ def test_ci_runs_the_readmes_test_command():
     assert test in (TEMPLATE / ".ci" / "run").read_text().splitlines()
 
 
-def test_readmes_generate_command_bakes_the_defaults(tmp_path):
+def test_readmes_generate_command_bakes_the_author_it_shows(tmp_path):
     generate, _ = setup_commands()
     install, bake = generate.split(" && ")
     assert install == "pip install cookiecutter"
     args = shlex.split(bake)
     assert args[:3] == ["cookiecutter", "--no-input", "."]
+    # Without them, "Your Name <you@example.com>" would land in LICENSE and pyproject.toml.
+    answers = dict(arg.split("=", 1) for arg in args if "=" in arg)
+    assert set(answers) == {"author_name", "author_email"}
     # Run it from a copy-free place: the template is `.` as in a clone; output into tmp.
     args[args.index("--output-dir") + 1] = str(tmp_path)
     env = {**os.environ, "COOKIECUTTER_PYTORCH_SKIP_SETUP": "1"}
@@ -50,6 +53,17 @@ def test_readmes_generate_command_bakes_the_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr
     project = Path(tmp_path) / "my-pytorch-project"
     assert (project / "my_pytorch_project" / "trainer.py").is_file()
+    assert answers["author_name"] in (project / "LICENSE").read_text()
+    pyproject = (project / "pyproject.toml").read_text()
+    assert answers["author_name"] in pyproject and answers["author_email"] in pyproject
+
+
+def test_baked_readme_states_the_description_once(bake):
+    project = bake(description="Classifies cats.")
+    readme = (project / "README.md").read_text()
+    assert readme.count("Classifies cats.") == 1
+    intro = readme.split("## ")[0].split("\n\n")[1:3]  # the two paragraphs under the title
+    assert intro[0] == "Classifies cats." and not intro[1].startswith("A PyTorch project")
 
 
 @pytest.mark.slow

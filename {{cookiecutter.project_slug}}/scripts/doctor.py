@@ -3,7 +3,8 @@
 One line per check: Python version and active virtual/conda env; `import torch` (in a subprocess,
 so a broken CUDA install can't take the doctor down); the build (CUDA, cuDNN, MPS); the NVIDIA
 driver (nvidia-smi) cross-checked against the build; a tiny GPU matmul, native bf16, NCCL and
-TF32 when CUDA works; the dependencies and the project package (from .cookiecutter.json) import.
+TF32 when CUDA works; the CPU load and torch's thread count against the CPUs; the dependencies
+and the project package (from .cookiecutter.json) import.
 
     python scripts/doctor.py [--json]     # or: make doctor.  Exits 1 if any check fails.
 """
@@ -22,8 +23,23 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPS = ("numpy", "yaml", "tqdm", "tensorboard")
-# Newest first: (wheel tag, its CUDA version, the oldest NVIDIA driver that runs it).
-WHEELS = (("cu130", (13, 0), 580), ("cu128", (12, 8), 570), ("cu126", (12, 6), 560))
+
+
+class Wheel(NamedTuple):
+    tag: str  # the wheel index: download.pytorch.org/whl/<tag>
+    cuda: tuple[int, int]  # the CUDA version torch is built with
+    driver_cuda: tuple[int, int]  # the oldest driver (its nvidia-smi "CUDA Version") it is for
+    driver: int  # that driver's Linux version, as the template's `compute` prompts say
+
+
+# Newest first. NVIDIA's minor-version compatibility runs any CUDA 12.x build on any 12.x
+# driver (>= 525.60.13 on Linux), so cu126 serves every 12.x driver; cu128 is for 12.8's own
+# drivers (>= 570), the first to support Blackwell GPUs; CUDA 13.x needs >= 580.
+WHEELS = (
+    Wheel("cu130", (13, 0), (13, 0), 580),
+    Wheel("cu128", (12, 8), (12, 8), 570),
+    Wheel("cu126", (12, 6), (12, 0), 525),
+)
 CUDA_LIB_ERROR = re.compile(r"libc10_cuda|libcudart|libcudnn|libcublas|libnccl|undefined symbol")
 INDEX = "https://download.pytorch.org/whl/"
 TAG = "DOCTOR_JSON "
@@ -42,6 +58,7 @@ with warnings.catch_warnings(record=True) as caught:  # holds the reason CUDA in
     warnings.simplefilter("always")
     f["cuda_available"] = torch.cuda.is_available()
 f["cuda_warning"] = next((str(w.message).strip().splitlines()[0] for w in caught), None)
+f["threads"] = torch.get_num_threads()
 if f["cuda_available"]:
     f["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     f["capability"] = list(torch.cuda.get_device_capability(0))
@@ -142,6 +159,15 @@ def probe_python(root: Path) -> dict:
     return {"version": here, "requires": requires, "env": env, "executable": sys.executable}
 
 
+def probe_cpu() -> dict:
+    """CPUs of the machine, those this process may use (affinity: taskset, cgroups, SLURM) and
+    the 1-minute load average (None where the OS has none)."""
+    machine = os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"machine": machine, "usable": usable, "load": load}
+
+
 def gather_facts(root: Path = ROOT) -> dict:
     try:
         package = json.loads((root / ".cookiecutter.json").read_text()).get("package_name")
@@ -152,6 +178,7 @@ def gather_facts(root: Path = ROOT) -> dict:
         "python": probe_python(root),
         "torch": probe_torch(),
         "smi": probe_nvidia_smi(),
+        "cpu": probe_cpu(),
         "env": {k: os.environ[k] for k in names if k in os.environ},
         "imports": probe_imports([*DEPS, *([package] if package else [])]),
         "package": package,
@@ -171,20 +198,18 @@ def version(text: str | None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def wheel_for(smi: dict) -> tuple | None:
-    """The newest entry of WHEELS that this driver runs (None: the driver must be updated)."""
+def wheel_for(smi: dict) -> Wheel | None:
+    """The newest entry of WHEELS for this driver (None: the driver must be updated)."""
     have = version(smi.get("cuda"))
-    fits = [w for w in WHEELS if have is None or have >= w[1]]
-    # CUDA minor-version compatibility: any 12.x driver (>= 525) runs the 12.x wheels.
-    fits += [w for w in WHEELS[-1:] if have and have[0] == w[1][0]]
+    fits = [w for w in WHEELS if have is None or have >= w.driver_cuda]
     return fits[0] if fits else None
 
 
 def reinstall(smi: dict) -> str:
     wheel = wheel_for(smi)
     if wheel is None:
-        return f"update the NVIDIA driver to >= {WHEELS[-1][2]}"
-    return f"pip install --force-reinstall torch --index-url {INDEX}{wheel[0]}"
+        return f"update the NVIDIA driver to >= {WHEELS[-1].driver}"
+    return f"pip install --force-reinstall torch --index-url {INDEX}{wheel.tag}"
 
 
 def cuda_in_ld_path(f: dict) -> str:
@@ -256,12 +281,14 @@ def diagnose_cuda(f: dict) -> list[Check]:
         return checks + [Check("warn", msg)]
     why = t.get("cuda_warning") or "no reason given"
     have, need = version(smi.get("cuda")), version(t["cuda"])
-    if (have and need and have < need) or "too old" in why:
-        driver = next((f" to >= {d}" for _, c, d in WHEELS if c == need), "")
+    built = next((w for w in WHEELS if w.cuda == need), None)  # torch's own wheel, if listed
+    floor = built.driver_cuda if built else need
+    if (have and floor and have < floor) or "too old" in why:
+        driver = f" to >= {built.driver}" if built else ""
         msg = f"NVIDIA driver {smi.get('driver')} is too old: it runs CUDA <= {smi.get('cuda')}"
         msg += f", torch {t['version']} needs CUDA {t['cuda']}: update the driver{driver}"
         wheel = wheel_for(smi)  # an older wheel is the alternative to a driver update
-        alt = f" or {reinstall(smi)}" if wheel and need and wheel[1] < need else ""
+        alt = f" or {reinstall(smi)}" if wheel and need and wheel.cuda < need else ""
         return checks + [Check("FAIL", msg + alt)]
     msg = f"torch.cuda.is_available() is False with a CUDA build and a driver ({why})"
     return checks + [Check("FAIL", f"{msg}{cuda_in_ld_path(f)}; in a container pass --gpus all")]
@@ -290,6 +317,25 @@ def healthy_cuda(t: dict) -> list[Check]:
     return checks
 
 
+def diagnose_cpu(f: dict) -> list[Check]:
+    """Oversubscribed CPUs make CPU training several times slower, and nothing else says so."""
+    cpu, threads = f["cpu"], f["torch"].get("threads")
+    usable, machine, load = cpu["usable"], cpu["machine"], cpu["load"]
+    checks = []
+    if threads:
+        msg = f"torch uses {threads} CPU threads per process; {usable} CPUs usable here"
+        fix = f"{msg}: threads beyond the CPUs wait on each other; set run.threads={usable}"
+        checks.append(pick(threads <= usable, msg, fix))
+    if load is not None:
+        # The load average counts the runnable tasks of the whole machine, so it is measured
+        # against all its CPUs; the usable ones are named because they are what a run gets.
+        msg = f"load {load:.1f} (1-minute average) on {machine} CPUs ({usable} usable here)"
+        fix = f"{msg}: the CPUs are oversubscribed and CPU training runs several times slower; "
+        fix += "use run.threads=1 per process, or run fewer jobs in parallel"
+        checks.append(pick(load <= machine, msg, fix))
+    return checks
+
+
 def diagnose_deps(f: dict) -> list[Check]:
     checks = []
     for name in DEPS:
@@ -305,7 +351,8 @@ def diagnose_deps(f: dict) -> list[Check]:
 
 
 def diagnose(f: dict) -> list[Check]:
-    return diagnose_python(f) + diagnose_torch(f) + diagnose_cuda(f) + diagnose_deps(f)
+    checks = diagnose_python(f) + diagnose_torch(f) + diagnose_cuda(f)
+    return checks + diagnose_cpu(f) + diagnose_deps(f)
 
 
 def main(argv: list[str] | None = None) -> int:

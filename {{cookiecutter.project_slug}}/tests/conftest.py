@@ -29,6 +29,16 @@ TINY = [
 ]
 
 
+def pytest_configure(config):
+    # torch.compile imports torch._inductor, which imports torch.utils.mkldnn, whose classes
+    # use the deprecated torch.jit.script_method at import time: 14 warnings from torch itself
+    # in any test that compiles. Only that warning, only from torch.jit's own module.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:`torch.jit.script_method` is:DeprecationWarning:torch.jit._script",
+    )
+
+
 @pytest.fixture
 def tiny(tmp_path) -> list[str]:
     """Overrides for a tiny CPU run writing under tmp_path."""

@@ -62,7 +62,12 @@ def test_override_values_are_typed():
     ("override", "message"),
     [
         ("train.epoch=3", "unknown config key 'train.epoch' (did you mean 'train.epochs'?)"),
-        ("trian.epochs=3", "unknown config key 'trian'"),
+        ("trian.epochs=3", "unknown config key 'trian.epochs' (did you mean 'train.epochs'?)"),
+        ("Train.Epochs=3", "unknown config key 'Train.Epochs' (did you mean 'train.epochs'?)"),
+        ("train.seed=1", "unknown config key 'train.seed' (did you mean 'run.seed'?)"),
+        ("epochs=3", "unknown config key 'epochs' (did you mean 'train.epochs'?)"),
+        ("modle.nme=x", "unknown config key 'modle.nme' (did you mean 'model.name'?)"),
+        ("run.threads=-1", "run.threads must be >= 1, or 0 for auto, got -1"),
         ("train.epochs=three", "train.epochs expects int, got 'three' (str)"),
         ("train.lr=fast", "train.lr expects float, got 'fast' (str)"),
         ("train.amp=fp8", "train.amp must be one of off, bf16, fp16, got 'fp8'"),
@@ -79,6 +84,29 @@ def test_bad_overrides_name_the_key_and_the_fix(override, message):
         load_config(None, [override])
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_misspelt_section_in_a_file_gets_the_section_and_key(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("Trian:\n  Lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"'Trian.Lr' \(did you mean 'train.lr'\?\)"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.name=MLP", "'MLP' is not a model; choose from cnn, mlp (did you mean 'mlp'?)"),
+        ("data.name=Synthetic", "'Synthetic' is not a dataset; choose from synthetic, tensors"),
+        ("data.name=Synthetic", "(did you mean 'synthetic'?)"),
+    ],
+)
+def test_registries_suggest_names_whatever_their_case(override, message):
+    cfg = load_config(None, [override, "data.train_size=8", "data.val_size=8"])
+    with pytest.raises(ConfigError) as err:
+        dataset = build_dataset(cfg.data, "train")
+        build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    assert message in str(err.value)
 
 
 def test_missing_and_broken_files(tmp_path):

@@ -87,3 +87,42 @@ def test_mixed_precision_on_mps_needs_torch_2_5(monkeypatch):
     with pytest.raises(ConfigError, match=r"train.amp=fp16 on MPS needs torch >= 2.5"):
         devices.check_amp("fp16", torch.device("mps"))
     devices.check_amp("off", torch.device("mps"))
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """torch's thread count is process-wide: put it back after the test. No OMP_NUM_THREADS,
+    and a LOCAL_WORLD_SIZE only where a test sets one."""
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    yield monkeypatch
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("cpus", "local", "expected"), [(8, None, 8), (8, "4", 2), (2, "4", 1)])
+def test_auto_threads_share_this_process_cpus_among_local_ranks(threads, cpus, local, expected):
+    threads.setattr(devices.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    if local:  # torchrun's LOCAL_WORLD_SIZE: processes on this machine
+        threads.setenv("LOCAL_WORLD_SIZE", local)
+    assert devices.configure_threads(0) == expected
+    assert torch.get_num_threads() == expected
+
+
+def test_auto_threads_without_affinity_count_the_machine(threads):
+    threads.delattr(devices.os, "sched_getaffinity", raising=False)
+    threads.setattr(devices.os, "cpu_count", lambda: 6)
+    assert devices.configure_threads(0, local_world_size=3) == 2
+
+
+def test_explicit_threads_are_applied_even_with_omp_num_threads(threads):
+    threads.setenv("OMP_NUM_THREADS", "3")
+    assert devices.configure_threads(1) == 1 and torch.get_num_threads() == 1
+    assert devices.configure_threads(2) == 2 and torch.get_num_threads() == 2
+
+
+def test_auto_threads_keep_torchs_count_when_omp_num_threads_is_set(threads):
+    torch.set_num_threads(3)
+    threads.setenv("OMP_NUM_THREADS", "3")
+    threads.setattr(devices.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert devices.configure_threads(0) == 3 and torch.get_num_threads() == 3

@@ -36,8 +36,10 @@ HEALTHY = {
         "nccl": True,
         "tf32": "highest",
         "matmul_error": None,
+        "threads": 4,
     },
     "smi": {"present": True, "driver": "570.86.15", "cuda": "12.8", "gpus": ["NVIDIA H100"]},
+    "cpu": {"machine": 16, "usable": 16, "load": 2.5},
     "env": {},
     "imports": dict.fromkeys((*doctor.DEPS, "mypkg"), (True, "1.0")),
     "package": "mypkg",
@@ -175,6 +177,38 @@ def test_bf16_is_native_only_from_compute_capability_8(capability, bf16, native)
     assert check.status == "warn" and f"compute capability {major}.{minor}" in check.message
     assert "train.amp=fp16" in check.message and "GradScaler" in check.message
     assert ("emulates it" in check.message) == bf16
+
+
+def test_oversubscribed_machine_warns_with_the_figures_and_the_fix():
+    cpu = {"machine": 2, "usable": 2, "load": 6.7}
+    checks = doctor.diagnose_cpu(facts(cpu=cpu, torch={"threads": 2}))
+    assert statuses(checks) == ["ok", "warn"], checks
+    assert checks[0].message == "torch uses 2 CPU threads per process; 2 CPUs usable here"
+    warning = checks[1].message
+    assert "load 6.7" in warning and "on 2 CPUs" in warning and "oversubscribed" in warning
+    assert "run.threads=1 per process" in warning and "fewer jobs in parallel" in warning
+
+
+def test_load_is_measured_against_the_machine_and_threads_against_usable_cpus():
+    # A job pinned to 4 CPUs of a busy 64-CPU node: its own CPUs are not oversubscribed.
+    cpu = {"machine": 64, "usable": 4, "load": 40.0}
+    checks = doctor.diagnose_cpu(facts(cpu=cpu, torch={"threads": 8}))
+    assert statuses(checks) == ["warn", "ok"], checks
+    assert "torch uses 8 CPU threads" in checks[0].message and "run.threads=4" in checks[0].message
+    assert "(4 usable here)" in checks[1].message
+
+
+def test_cpu_check_without_load_average_or_torch():
+    no_torch = {"ok": False, "returncode": 1, "error": "No module named 'torch'"}
+    cpu = {"machine": 4, "usable": 4, "load": None}
+    assert doctor.diagnose_cpu(facts(cpu=cpu, torch=no_torch)) == []
+
+
+def test_probe_cpu_reads_affinity_and_load(monkeypatch):
+    monkeypatch.setattr(doctor.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(doctor.os, "getloadavg", lambda: (5.0, 4.0, 3.0))
+    monkeypatch.setattr(doctor.os, "cpu_count", lambda: 8)
+    assert doctor.probe_cpu() == {"machine": 8, "usable": 2, "load": 5.0}
 
 
 def test_old_python_and_system_interpreter():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ROOT, run_script
 
-from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }} import checkpoint, cli
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.trainer import fit
@@ -137,9 +137,28 @@ def test_evaluate_script_prints_the_metrics_of_a_checkpoint(tiny):
 
 
 def test_train_script_runs_from_the_command_line(tiny):
-    proc = run_script("scripts/train.py", *tiny, "train.epochs=1")
+    proc = run_script("scripts/train.py", *tiny, "train.epochs=1", "run.threads=1")
     assert proc.returncode == 0, proc.stderr
     assert "epoch 1/1" in proc.stdout
+    assert "| cpu x 1 | 1 CPU threads | amp off |" in proc.stdout  # the run line
+
+
+@pytest.mark.parametrize(
+    ("main", "example"),
+    [
+        (cli.train_main, "train.epochs=3"),
+        (cli.evaluate_main, "run.device=cpu data.num_workers=4"),
+        (cli.smoke_main, "run.device=cpu model.name=mlp"),
+    ],
+)
+def test_each_script_shows_overrides_that_mean_something_to_it(main, example, capsys):
+    args = (ROOT, ["--help"]) if main is cli.smoke_main else (["--help"],)
+    with pytest.raises(SystemExit):
+        main(*args)
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"e.g. {example}" in help_text
+    if main is not cli.train_main:  # training settings do nothing when evaluating
+        assert "train.epochs" not in help_text
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny):

@@ -23,7 +23,10 @@ from .errors import UserError, first_line, is_out_of_memory
 
 
 def train_main(argv: list[str] | None = None) -> int:
-    parser = _parser("Train a model. Settings: --config FILE, then key=value overrides.")
+    parser = _parser(
+        "Train a model. Settings: --config FILE, then key=value overrides.",
+        example="train.epochs=3 train.lr=1e-3",
+    )
     parser.add_argument("--config", help="YAML config file (default: built-in defaults)")
     args = parser.parse_args(argv)
     where: dict = {}
@@ -41,7 +44,11 @@ def train_main(argv: list[str] | None = None) -> int:
 
 
 def evaluate_main(argv: list[str] | None = None) -> int:
-    parser = _parser("Evaluate a checkpoint on the validation split; prints the metrics.")
+    # The checkpoint's own config describes the model; overrides here choose how to evaluate.
+    parser = _parser(
+        "Evaluate a checkpoint on the validation split; prints the metrics.",
+        example="run.device=cpu data.num_workers=4",
+    )
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
     args = parser.parse_args(argv)
 
@@ -96,7 +103,10 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
 def smoke_main(root: Path, argv: list[str] | None = None) -> int:
     """Train briefly, stop, resume, evaluate the best checkpoint: the whole pipeline in
     seconds on tiny data, on CUDA with bf16 when a GPU is present, else on CPU."""
-    parser = _parser("Smoke test: train -> checkpoint -> resume -> evaluate on tiny data.")
+    parser = _parser(
+        "Smoke test: train -> checkpoint -> resume -> evaluate on tiny data.",
+        example="run.device=cpu model.name=mlp",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -140,9 +150,10 @@ def _smoke(root: Path, overrides: list[str]) -> str:
     )
 
 
-def _parser(description: str) -> argparse.ArgumentParser:
+def _parser(description: str, example: str) -> argparse.ArgumentParser:
+    """A script's parser; `example` shows overrides that mean something to that script."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=3")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     return parser
 

@@ -31,6 +31,7 @@ class RunConfig:
     deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
     log_every: int = 50  # optimizer steps between loss reads (each read waits for the GPU)
     tensorboard: bool = True  # TensorBoard events beside metrics.csv
+    threads: int = 0  # torch CPU threads per process; 0 = auto (usable CPUs / local processes)
 
 
 @dataclass
@@ -158,6 +159,7 @@ def validate(cfg: Config) -> None:
         ("model.depth", 1 <= cfg.model.depth <= 64, "between 1 and 64"),
         ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
         ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
+        ("run.threads", cfg.run.threads >= 0, ">= 1, or 0 for auto"),
         # torch seeds are 64-bit; ranks add their rank and the sampler its epoch to the seed.
         ("run.seed", 0 <= cfg.run.seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),
@@ -256,6 +258,34 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
+def closest(word: str, choices: typing.Iterable[str]) -> str | None:
+    """The choice nearest to `word` ignoring case (MLP -> mlp), or None when none is close."""
+    lower = {choice.lower(): choice for choice in choices}
+    match = difflib.get_close_matches(word.lower(), lower, n=1, cutoff=0.6)
+    return lower[match[0]] if match else None
+
+
+def _unknown_key(cls, prefix: str, key: str, value: Any) -> str:
+    """The error for a key that `cls` lacks, with the closest valid key. The section and the
+    key are matched apart: `trian.epochs` gets section train, then the key epochs within it."""
+    hints = typing.get_type_hints(cls)
+    name, guess = f"{prefix}{key}", closest(key, hints)
+    if isinstance(value, dict) and value:  # a misspelt section: name its first key too
+        inner = str(next(iter(value)))
+        name += f".{inner}"
+        if guess and dataclasses.is_dataclass(hints[guess]):
+            sub = closest(inner, typing.get_type_hints(hints[guess]))
+            guess = f"{guess}.{sub}" if sub else guess
+    if guess is None:  # a key of one other section: train.seed -> run.seed, epochs -> train.epochs
+        leaf = closest(key, {k.rpartition(".")[2] for k in _all_keys()})
+        found = [k for k in _all_keys() if leaf and k.endswith(f".{leaf}")]
+        guess = found[0] if len(found) == 1 else None
+    else:
+        guess = prefix + guess
+    hint = f" (did you mean '{guess}'?)" if guess else ""
+    return f"unknown config key '{name}'{hint}"
+
+
 def _all_keys(cls=Config, prefix: str = "") -> list[str]:
     keys = []
     for f in dataclasses.fields(cls):
@@ -276,9 +306,7 @@ def _build(cls, data: Any, prefix: str):
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in known:
-            close = difflib.get_close_matches(prefix + str(key), _all_keys(), n=1, cutoff=0.5)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+            raise ConfigError(_unknown_key(cls, prefix, str(key), data[key]))
     values = {}
     for name in known & data.keys():
         hint = hints[name]

@@ -28,7 +28,14 @@ from .errors import ConfigError, UserError
 from .models import build_model
 from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
 from .run_folder import RunFolder
-from .utils.device import autocast, check_amp, configure_backends, memory_mb, to_device
+from .utils.device import (
+    autocast,
+    check_amp,
+    configure_backends,
+    configure_threads,
+    memory_mb,
+    to_device,
+)
 from .utils.logger import MetricLogger, record_run
 from .utils.seed import rng_state, seed_everything
 from .utils.signals import StopSignal
@@ -81,6 +88,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     """The recipe: checks, data, model, optimizer, resume, then the epoch loop and summary."""
     # Everything is built and checked before anything is written: bad input leaves no trace.
     check_amp(cfg.train.amp, device)
+    threads = configure_threads(cfg.run.threads)  # shared by the processes of this machine
     configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
     seed_everything(cfg.run.seed + dist.rank, cfg.run.deterministic)
 
@@ -156,8 +164,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
             params = sum(p.numel() for p in model.parameters())
             print(
                 f"run {cfg.run.name}: {cfg.model.name} {params / 1e6:.2f}M params | {device} x "
-                f"{dist.world_size} | amp {cfg.train.amp} | effective batch {effective_batch} | "
-                f"lr {lr:.2e} | {steps_per_epoch} steps/epoch"
+                f"{dist.world_size} | {threads} CPU threads | amp {cfg.train.amp} | effective "
+                f"batch {effective_batch} | lr {lr:.2e} | {steps_per_epoch} steps/epoch"
                 + (f" | resumed at step {progress.step}" if state else "")
             )
         loop = Loop(

@@ -9,12 +9,10 @@ per-sample collation.
 
 from __future__ import annotations
 
-import difflib
-
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import DataConfig
+from ..config import DataConfig, closest
 from ..errors import ConfigError
 from ..utils.seed import seed_worker
 from ..utils.signals import ignore_stop_signals
@@ -30,8 +28,8 @@ DATASETS = {
 
 def build_dataset(cfg: DataConfig, split: str) -> Dataset:
     if cfg.name not in DATASETS:
-        close = difflib.get_close_matches(cfg.name, DATASETS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest(cfg.name, DATASETS)
+        hint = f" (did you mean {close!r}?)" if close else ""
         raise ConfigError(
             f"data.name={cfg.name!r} is not a dataset; choose from {', '.join(DATASETS)}{hint}"
         )

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
-
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import ModelConfig, closest
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
 from .mlp import MLP
@@ -62,6 +60,6 @@ def _try_forward(model: nn.Module, input_shape: tuple[int, ...]) -> None:
 
 
 def _choices(name: str) -> str:
-    close = difflib.get_close_matches(name, MODELS, n=1)
+    close = closest(name, MODELS)
     listed = ", ".join(MODELS)
-    return f"{listed} (did you mean {close[0]!r}?)" if close else listed
+    return f"{listed} (did you mean {close!r}?)" if close else listed

@@ -1,9 +1,10 @@
-"""Device choice, mixed precision, backend switches and the one place that moves batches to
-the device."""
+"""Device choice, CPU threads, mixed precision, backend switches and the one place that moves
+batches to the device."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import sys
 
@@ -95,6 +96,31 @@ def configure_backends(device: torch.device, tf32: bool, deterministic: bool) ->
         torch.backends.cudnn.allow_tf32 = tf32
         # benchmark picks the fastest conv algorithm per shape, which is not deterministic.
         torch.backends.cudnn.benchmark = not deterministic
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (taskset, cgroups, SLURM) where the
+    OS reports one, else every CPU of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def configure_threads(requested: int, local_world_size: int | None = None) -> int:
+    """Set torch's intra-op CPU threads for run.threads and return the count in use.
+
+    0 (auto) shares this process's CPUs among the processes of this machine (torchrun's
+    LOCAL_WORLD_SIZE): torch's default of one thread per core in every process oversubscribes
+    the CPUs, which made training several times slower. An OMP_NUM_THREADS set by the user
+    (or by torchrun) already chose, so auto keeps torch's count then."""
+    if requested == 0 and os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    if requested == 0:
+        processes = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        requested = max(1, usable_cpus() // max(1, processes))
+    if torch.get_num_threads() != requested:
+        torch.set_num_threads(requested)
+    return requested
 
 
 def to_device(batch, device: torch.device):

@@ -164,7 +164,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
             params = sum(p.numel() for p in model.parameters())
             print(
                 f"run {cfg.run.name}: {cfg.model.name} {params / 1e6:.2f}M params | {device} x "
-                f"{dist.world_size} | {threads} CPU threads | amp {cfg.train.amp} | effective "
+                f"{dist.world_size} | CPU threads {threads} | amp {cfg.train.amp} | effective "
                 f"batch {effective_batch} | lr {lr:.2e} | {steps_per_epoch} steps/epoch"
                 + (f" | resumed at step {progress.step}" if state else "")
             )

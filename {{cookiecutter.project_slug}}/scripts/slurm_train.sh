@@ -44,7 +44,7 @@ rdzv_port=${RDZV_PORT:-29500} # set RDZV_PORT if 29500 is taken on the head node
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-100}
 
 requeue=0
-# shellcheck disable=SC2317  # (reached through the trap)
+# shellcheck disable=SC2317,SC2329  # (reached through the trap)
 stop_and_requeue() {
     echo "slurm_train.sh: USR1 (time limit near): stopping training so that it saves"
     requeue=1

@@ -20,6 +20,7 @@ EXPECTED = {
     ".cookiecutter.json",
     ".github/workflows/ci.yml",
     ".gitignore",
+    ".pre-commit-config.yaml",
     "LICENSE",
     "Makefile",
     "README.md",
@@ -163,6 +164,7 @@ def test_option_matrix_is_lint_clean_and_parses(bake, context):
     workflow = project / ".github" / "workflows" / "ci.yml"
     assert workflow.is_file() == (context["ci"] == "github")
     assert (project / ".github").exists() == (context["ci"] == "github")
+    assert (project / ".pre-commit-config.yaml").is_file()  # pre-commit does not need CI
 
 
 def test_every_path_named_by_readme_and_makefile_exists(bake):

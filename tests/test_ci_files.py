@@ -2,7 +2,7 @@
 
 Nothing here reaches GitHub: the workflow is checked against the GitHub workflow schema that
 check-jsonschema ships, by actionlint when one is on PATH, and by running its commands in a
-bake.
+bake; the pre-commit config by `pre-commit validate-config` (which installs no hook).
 """
 
 from __future__ import annotations
@@ -149,6 +149,40 @@ def test_workflow_lint_and_smoke_steps_run(bake):
             line, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=600
         )
         assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+
+
+def test_pre_commit_config_is_valid_and_pinned(bake):
+    project = bake()
+    config = project / ".pre-commit-config.yaml"
+    proc = run([sys.executable, "-m", "pre_commit", "validate-config", str(config)], cwd=project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    repos = {repo["repo"]: repo for repo in yaml.safe_load(config.read_text())["repos"]}
+    assert set(repos) == {
+        "https://github.com/astral-sh/ruff-pre-commit",
+        "https://github.com/pre-commit/pre-commit-hooks",
+    }
+    for repo in repos.values():
+        assert re.fullmatch(r"v\d+\.\d+\.\d+", repo["rev"]), repo  # a release tag, not a branch
+    hooks = {hook["id"]: hook.get("args", []) for repo in repos.values() for hook in repo["hooks"]}
+    assert hooks == {
+        "ruff-check": ["--fix"],
+        "ruff-format": [],
+        "check-yaml": [],
+        "check-toml": [],
+        "end-of-file-fixer": [],
+        "trailing-whitespace": [],
+        "check-added-large-files": ["--maxkb=1024"],
+    }
+
+
+def test_make_hooks_installs_the_git_hook(bake):
+    project = bake()
+    dev = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("pre-commit") for d in dev["optional-dependencies"]["dev"])
+    assert run(["git", "init", "-q"], cwd=project).returncode == 0
+    proc = run(["make", "hooks", f"PYTHON={sys.executable}"], cwd=project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pre-commit" in (project / ".git" / "hooks" / "pre-commit").read_text()
 
 
 def test_make_format_formats_despite_an_unfixable_lint_error(bake):

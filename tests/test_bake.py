@@ -18,7 +18,9 @@ from conftest import defaults
 # Every file a default bake must produce, and nothing else.
 EXPECTED = {
     ".cookiecutter.json",
+    ".github/workflows/ci.yml",
     ".gitignore",
+    ".pre-commit-config.yaml",
     "LICENSE",
     "Makefile",
     "README.md",
@@ -113,7 +115,9 @@ def test_no_template_syntax_survives(bake):
     for path in project.rglob("*"):
         if path.is_file():
             text = path.read_text(errors="ignore")
-            assert not re.search(r"\{\{|\{%|\{#|cookiecutter\.(?!json)[a-z_]+", text), path
+            # `${{ ... }}` is a GitHub Actions expression (the CI workflow), meant to stay.
+            pattern = r"(?<!\$)\{\{|\{%|\{#|cookiecutter\.(?!json)[a-z_]+"
+            assert not re.search(pattern, text), path
 
 
 @pytest.mark.parametrize("context", [{}, AWKWARD, {"project_name": "x", "package_name": "zz_top"}])
@@ -141,11 +145,17 @@ def test_slug_and_package_are_derived_from_the_name(bake):
 
 # Options that change files cross each other; the rest rotate so every value appears.
 MATRIX = [
-    {"license": "MIT", "python_version": "3.11", "compute": "auto"},
-    {"license": "BSD-3-Clause", "python_version": "3.10", "compute": "cpu"},
-    {"license": "Apache-2.0", "python_version": "3.12", "compute": "cu126"},
-    {"license": "none", "python_version": "3.13", "compute": "cu128", "docker": "yes"},
-    {"license": "MIT", "python_version": "3.12", "compute": "cu130", **AWKWARD},
+    {"license": "MIT", "python_version": "3.11", "compute": "auto", "ci": "github"},
+    {"license": "BSD-3-Clause", "python_version": "3.10", "compute": "cpu", "ci": "none"},
+    {"license": "Apache-2.0", "python_version": "3.12", "compute": "cu126", "ci": "github"},
+    {
+        "license": "none",
+        "python_version": "3.13",
+        "compute": "cu128",
+        "ci": "none",
+        "docker": "yes",
+    },
+    {"license": "MIT", "python_version": "3.12", "compute": "cu130", "ci": "github", **AWKWARD},
 ]
 
 
@@ -168,6 +178,10 @@ def test_option_matrix_is_lint_clean_and_parses(bake, context):
     assert meta["requires-python"] == f">={context['python_version']}"
     docker = context.get("docker", "no") == "yes"
     assert all((project / name).exists() == docker for name in DOCKER_FILES)
+    workflow = project / ".github" / "workflows" / "ci.yml"
+    assert workflow.is_file() == (context["ci"] == "github")
+    assert (project / ".github").exists() == (context["ci"] == "github")
+    assert (project / ".pre-commit-config.yaml").is_file()  # pre-commit does not need CI
 
 
 def test_every_path_named_by_readme_and_makefile_exists(bake):

@@ -44,6 +44,9 @@ class DataConfig:
     num_classes: int = 10  # synthetic: number of classes
     num_workers: int = 0  # loader processes (at most 256); 0 suits in-memory data
     pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (CUDA only)
+    folds: int = 0  # k-fold: K >= 2 splits the training split into K folds; 0 = off (own val)
+    fold: int = 0  # k-fold: the fold used for validation, 0..folds-1; the rest trains
+    fold_seed: int = 0  # k-fold: shuffles the fold assignment; not run.seed, so seeds share folds
 
 
 @dataclass
@@ -155,6 +158,9 @@ def validate(cfg: Config) -> None:
         ("data.val_size", cfg.data.val_size >= 1, ">= 1"),
         ("data.image_size", cfg.data.image_size >= 4, ">= 4"),
         ("data.num_classes", cfg.data.num_classes >= 2, ">= 2"),
+        ("data.folds", cfg.data.folds == 0 or cfg.data.folds >= 2, "0 (off) or >= 2"),
+        ("data.fold", _fold_in_range(cfg.data), _fold_rule(cfg.data)),
+        ("data.fold_seed", 0 <= cfg.data.fold_seed < 2**63, "between 0 and 2**63 - 1"),
         ("model.width", cfg.model.width >= 1, ">= 1"),
         ("model.depth", 1 <= cfg.model.depth <= 64, "between 1 and 64"),
         ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
@@ -178,6 +184,17 @@ def validate(cfg: Config) -> None:
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+def _fold_in_range(data: DataConfig) -> bool:
+    # With folds off, a nonzero fold would be silently ignored: refuse it instead.
+    return 0 <= data.fold < data.folds if data.folds >= 2 else data.fold == 0
+
+
+def _fold_rule(data: DataConfig) -> str:
+    if data.folds >= 2:
+        return f"between 0 and data.folds - 1 = {data.folds - 1}"
+    return "0 while data.folds is 0 (set data.folds=K to use k-fold)"
 
 
 def _is_plain_name(name: str) -> bool:

@@ -4,7 +4,8 @@ To add a dataset: write data/<name>.py with a torch Dataset whose constructor ta
 (cfg: DataConfig, split: "train" | "val") and which sets `input_shape` (C, H, W) and
 `num_classes`; then add one line to DATASETS. Data that fits in memory as two tensors can
 subclass InMemoryDataset (set `self.x`, `self.y`) and is batched by indexing, without
-per-sample collation.
+per-sample collation. With `data.folds=K`, both splits are folds of the training split
+(data/folds.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..config import DataConfig, closest
 from ..errors import ConfigError
 from ..utils.seed import seed_worker
 from ..utils.signals import ignore_stop_signals
+from .folds import fold_split
 from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
@@ -33,6 +35,8 @@ def build_dataset(cfg: DataConfig, split: str) -> Dataset:
         raise ConfigError(
             f"data.name={cfg.name!r} is not a dataset; choose from {', '.join(DATASETS)}{hint}"
         )
+    if cfg.folds >= 2:  # k-fold: train and val are both drawn from the training split
+        return fold_split(DATASETS[cfg.name](cfg, "train"), cfg, split)
     return DATASETS[cfg.name](cfg, split)
 
 

@@ -41,6 +41,7 @@ EXPECTED = {
     "scripts/benchmark_dataloader.py",
     "scripts/benchmark_gpu.py",
     "scripts/gpu_check.py",
+    "scripts/sweep.py",
     "PKG/__init__.py",
     "PKG/cli.py",
     "PKG/config.py",
@@ -51,6 +52,9 @@ EXPECTED = {
     "PKG/errors.py",
     "PKG/trainer.py",
     "PKG/optim.py",
+    "PKG/sweep.py",
+    "PKG/sweep_plan.py",
+    "PKG/sweep_report.py",
     "PKG/utils/signals.py",
     "PKG/data/__init__.py",
     "PKG/data/sampler.py",
@@ -79,6 +83,7 @@ EXPECTED = {
     "tests/test_benchmarks.py",
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
+    "tests/test_sweep.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

@@ -1,0 +1,20 @@
+r"""Hyperparameter sweeps: each trial a named run of scripts/train.py, resumable as a whole.
+
+    python scripts/sweep.py --name lrs train.lr=1e-3,3e-3 model.width=16,32     # a 2x2 grid
+    python scripts/sweep.py --name rs --trials 20 train.lr=log:1e-4:1e-2 model.width=choice:16,32
+    python scripts/sweep.py --name lrs --seeds 3 train.lr=1e-3,3e-3            # mean ± std
+    python scripts/sweep.py --name lrs --parallel 2 train.lr=1e-3,3e-3        # 2 at a time
+    python scripts/sweep.py --name lrs --slurm train.lr=1e-3,3e-3             # a SLURM array
+    python scripts/sweep.py --name lrs --report train.lr=1e-3,3e-3            # the table again
+
+Trials run under <run.output_dir>/<name>/; sweep.json holds their state. The same command
+again skips done trials and resumes the others. Exit codes: 0 done, 1 a trial failed, 2 bad
+input, 75 stopped (run again to continue).
+"""
+
+from pathlib import Path
+
+from {{ cookiecutter.package_name }}.sweep import main
+
+if __name__ == "__main__":
+    raise SystemExit(main(Path(__file__).resolve().parents[1]))

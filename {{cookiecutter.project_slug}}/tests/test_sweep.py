@@ -1,0 +1,230 @@
+"""scripts/sweep.py: planning, running, resuming, parallel and SLURM sweeps of tiny runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY, run_script
+
+from {{ cookiecutter.package_name }} import sweep
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.sweep_report import aggregate
+
+GRID = ["train.lr=1e-3,3e-3", "model.depth=1,2"]
+DETERMINISTIC = [*TINY, "run.deterministic=true"]
+
+
+def sweep_cmd(tmp_path: Path, *args: str) -> list[str]:
+    return ["scripts/sweep.py", *args, *DETERMINISTIC, f"run.output_dir={tmp_path}"]
+
+
+def env() -> dict:
+    return {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def results(folder: Path) -> list[dict]:
+    with (folder / "results.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def dry_run(capsys, *args: str) -> list[dict]:
+    assert sweep.main(ROOT, ["--dry-run", *args, *TINY]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_grid_plan_has_readable_ids_and_every_combination(capsys):
+    trials = dry_run(capsys, "--name", "g", *GRID)
+    assert [t["id"] for t in trials] == [
+        "t00-lr1e-3-depth1",
+        "t01-lr1e-3-depth2",
+        "t02-lr3e-3-depth1",
+        "t03-lr3e-3-depth2",
+    ]
+    assert trials[3]["overrides"] == ["train.lr=3e-3", "model.depth=2"]
+
+
+def test_seeds_plan_runs_each_config_with_consecutive_seeds(capsys):
+    trials = dry_run(capsys, "--name", "s", "--seeds", "3", "train.lr=1e-3,3e-3", "run.seed=7")
+    assert len(trials) == 6 and len({t["group"] for t in trials}) == 2
+    seeds = [o for t in trials[:3] for o in t["overrides"] if o.startswith("run.seed")]
+    assert seeds == ["run.seed=7", "run.seed=8", "run.seed=9"]
+
+
+def test_kfold_plan_runs_every_fold_of_each_config(capsys):
+    trials = dry_run(capsys, "--name", "k", "--kfold", "3", "train.lr=1e-3,3e-3")
+    assert len(trials) == 6
+    for group in ("t00-lr1e-3", "t01-lr3e-3"):
+        mine = [t["overrides"] for t in trials if t["group"] == group]
+        assert [o[1:] for o in mine] == [["data.folds=3", f"data.fold={i}"] for i in range(3)]
+
+
+def test_random_search_is_seeded_and_within_the_ranges(capsys):
+    ranges = ["train.lr=log:1e-4:1e-2", "model.dropout=uniform:0:0.5", "model.width=choice:8,16"]
+    first = dry_run(capsys, "--name", "r", "--trials", "5", "--seed", "3", *ranges)
+    again = dry_run(capsys, "--name", "r", "--trials", "5", "--seed", "3", *ranges)
+    assert first == again and len(first) == 5
+    for trial in first:
+        s = trial["settings"]
+        assert 1e-4 <= float(s["train.lr"]) <= 1e-2 and 0 <= float(s["model.dropout"]) <= 0.5
+        assert s["model.width"] in ("8", "16")
+
+
+def test_aggregation_gives_mean_and_std_over_folds():
+    mean, std, n = aggregate([0.5, 0.6, 0.7])
+    assert (round(mean, 6), round(std, 6), n) == (0.6, 0.1, 3)
+    assert aggregate([0.4]) == (0.4, 0.0, 1)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train.lrr=1e-3,3e-3"], "unknown config key 'train.lrr'"),
+        (["train.lr=log:1e-4:1e-2"], "add --trials N"),
+        (["train.lr=1e-3,-1"], "train.lr must be"),
+        (["--name", "a/b", "train.lr=1e-3,3e-3"], "--name must be a folder name"),
+    ],
+)
+def test_bad_input_is_one_error_line_before_anything_runs(tmp_path, args, message):
+    name = [] if "--name" in args else ["--name", "bad"]
+    proc = run_script(*sweep_cmd(tmp_path, *name, *args), env=env())
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("error:") == 1 and message in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("seq")
+    proc = run_script(*sweep_cmd(out, "--name", "g", *GRID), env=env(), timeout=300)
+    return out / "g", proc
+
+
+@pytest.mark.slow
+def test_grid_sweep_ranks_its_trials_and_writes_the_best_config(sequential):
+    folder, proc = sequential
+    assert proc.returncode == 0, proc.stderr
+    rows = results(folder)
+    values = [float(r["acc_mean"]) for r in rows]
+    assert len(rows) == 4 and values == sorted(values, reverse=True)
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [line.split(" | ")[1] for line in table] == [r["trial"] for r in rows]
+    best = load_config(folder / "best.yaml")
+    assert (best.train.lr, best.model.depth) == (
+        float(rows[0]["train.lr"]),
+        int(rows[0]["model.depth"]),
+    )
+    assert best.run.name == "default" and not best.train.resume
+    manifest = json.loads((folder / "sweep.json").read_text())
+    assert {t["state"] for t in manifest["trials"]} == {"done"}
+
+
+@pytest.mark.slow
+def test_parallel_sweep_gives_the_sequential_results(sequential, tmp_path):
+    proc = run_script(*sweep_cmd(tmp_path, "--name", "g", "--parallel", "2", *GRID), env=env())
+    assert proc.returncode == 0, proc.stderr
+    assert results(tmp_path / "g") == results(sequential[0])
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_the_interrupted_trial_and_leaves_finished_ones(tmp_path):
+    args = sweep_cmd(tmp_path, "--name", "k", "train.lr=1e-3,3e-3")
+    args += ["train.epochs=30", "data.train_size=512"]
+    job = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    second = tmp_path / "k" / "t01-lr3e-3"
+    deadline = time.monotonic() + 120
+    while not list(second.glob("step-*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGTERM)
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 75, err
+    first = tmp_path / "k" / "t00-lr1e-3"
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in first.rglob("*") if p.is_file()}
+    states = {
+        t["id"]: t["state"]
+        for t in json.loads((tmp_path / "k" / "sweep.json").read_text())["trials"]
+    }
+    assert states == {"t00-lr1e-3": "done", "t01-lr3e-3": "pending"}
+
+    again = run_script(*args, env=env(), timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "t00-lr1e-3: started" not in again.stdout
+    log = (tmp_path / "k" / "logs" / "t01-lr3e-3.out").read_text()
+    assert "resumed at step" in log
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in first.rglob("*") if p.is_file()}
+    assert after == before
+    manifest = json.loads((tmp_path / "k" / "sweep.json").read_text())
+    assert {t["state"] for t in manifest["trials"]} == {"done"}
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_recorded_and_the_others_complete(tmp_path):
+    # batch 1000 > 256 samples passes the config checks but fails when the run starts.
+    proc = run_script(*sweep_cmd(tmp_path, "--name", "f", "train.batch_size=16,1000"), env=env())
+    assert proc.returncode == 1, proc.stdout
+    trials = json.loads((tmp_path / "f" / "sweep.json").read_text())["trials"]
+    assert [t["state"] for t in trials] == ["done", "failed"]
+    assert trials[1]["exit_code"] == 2 and trials[1]["error"].startswith(
+        "error: the effective batch"
+    )
+    assert "\n" not in trials[1]["error"]
+
+
+STUBS = {
+    "sbatch": '#!/bin/bash\necho "sbatch $*" >> "$STUB_LOG"\necho "Submitted batch job 123"\n',
+    "scontrol": '#!/bin/bash\necho "scontrol $*" >> "$STUB_LOG"\n',
+}
+
+
+@pytest.mark.slow
+def test_slurm_array_script_is_submitted_and_runs_one_trial_per_task(tmp_path):
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, text in STUBS.items():
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "stub.log"
+    slurm_env = {**env(), "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
+                 "STUB_LOG": str(log), "PYTHON": sys.executable}  # fmt: skip
+    out = tmp_path / "runs"
+    proc = run_script(*sweep_cmd(out, "--name", "s", "--slurm", *GRID), env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted job 123" in proc.stdout
+    script = out / "s" / "sweep_array.sh"
+    assert log.read_text().split() == ["sbatch", str(script)]
+    text = script.read_text()
+    assert "#SBATCH --array=0-3" in text and "#SBATCH --requeue" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+    task = {**os.environ, **slurm_env, "SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_JOB_ID": "123"}
+    run = subprocess.run(
+        ["bash", str(script)], env=task, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    states = [t["state"] for t in json.loads((out / "s" / "sweep.json").read_text())["trials"]]
+    assert states == ["pending", "done", "pending", "pending"]
+    assert "scontrol" not in log.read_text()  # finished: no requeue
+
+
+@pytest.mark.slow
+def test_a_3_fold_sweep_reports_mean_and_std_over_disjoint_folds_that_cover_the_pool(tmp_path):
+    proc = run_script(*sweep_cmd(tmp_path, "--name", "cv", "--kfold", "3"), env=env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    [row] = results(tmp_path / "cv")
+    assert int(row["runs"]) == 3 and float(row["acc_std"]) >= 0
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert "±" in table[-1]
+    # Each fold's validation count, from its run's summary: the folds split the 256 samples.
+    with (tmp_path / "cv" / "runs.csv").open(newline="") as f:
+        counts = sorted(int(r["val_count"]) for r in csv.DictReader(f))
+    assert counts == [85, 85, 86] and sum(counts) == 256

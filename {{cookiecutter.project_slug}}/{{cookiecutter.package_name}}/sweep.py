@@ -1,0 +1,256 @@
+"""Hyperparameter sweeps: plan trials (grid, random search, seeds, folds), run each as a named
+run of scripts/train.py, and keep their state in <run.output_dir>/<sweep>/sweep.json.
+
+Start at main(). Each trial is `train.py ... run.output_dir=<sweep dir> run.name=<trial>
+train.resume=auto`, so running the same sweep again skips done trials and resumes the rest.
+Results (table, results.csv, best.yaml, plots) are sweep_report.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import sweep_report
+from .config import load_config
+from .errors import ConfigError, UserError
+from .sweep_plan import plan, slots_for, submit_array
+
+try:
+    import fcntl  # serialises manifest updates of SLURM array tasks
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+EXIT_PREEMPTED = 75
+
+
+def main(root: Path, argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        sweep = Sweep.create(root, args)
+        if args.dry_run:
+            print(json.dumps(sweep.trials, indent=1))
+            return 0
+        if args.report:
+            return sweep_report.report(sweep.dir, sweep.trials)
+        if args.slurm:
+            return submit_array(sweep, args)
+        return sweep.run(args)
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Run a hyperparameter sweep of scripts/train.py.")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help=(
+            "fixed: train.epochs=3; grid axis: train.lr=1e-3,3e-3; with --trials: "
+            "log:1e-4:1e-2, uniform:0:0.5, int:1:4, choice:16,32"
+        ),
+    )
+    p.add_argument("--name", required=True, help="sweep folder <run.output_dir>/<name>/")
+    p.add_argument("--config", help="YAML config file given to every trial")
+    p.add_argument("--trials", type=int, default=0, help="random search: this many configs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random search")
+    p.add_argument("--seeds", type=int, default=1, help="run each config with N seeds")
+    p.add_argument("--kfold", type=int, default=0, help="run each config on K folds")
+    p.add_argument("--parallel", type=int, default=1, help="trials at a time (subprocesses)")
+    p.add_argument("--gpus", help="GPU ids for --parallel, e.g. 0,1 (default: all)")
+    p.add_argument("--slurm", action="store_true", help="write and sbatch an array job")
+    p.add_argument("--no-submit", action="store_true", help="with --slurm: write only")
+    p.add_argument("--sbatch-arg", action="append", default=[], help="passed on to sbatch")
+    p.add_argument("--run-index", type=int, help="run only this trial (SLURM array task)")
+    p.add_argument("--report", action="store_true", help="only print the results table")
+    p.add_argument("--dry-run", action="store_true", help="print the trials as JSON")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    return p
+
+
+class Sweep:
+    """A sweep folder: its manifest and the trials it runs."""
+
+    def __init__(self, root: Path, folder: Path, config, fixed: list[str], trials: list[dict]):
+        self.root, self.dir, self.config, self.fixed = root, folder, config, fixed
+        self.trials = trials
+        self.stopping = False
+
+    @classmethod
+    def create(cls, root: Path, args) -> Sweep:
+        if not args.name or not all(c.isalnum() or c in "-_." for c in args.name):
+            raise ConfigError(
+                f"--name must be a folder name (letters, digits, - _ .): {args.name!r}"
+            )
+        fixed, trials = plan(args)
+        if not trials:
+            raise ConfigError("nothing to sweep: give a grid (key=a,b) or --trials N with ranges")
+        folder = Path(load_config(args.config, fixed).run.output_dir) / args.name
+        sweep = cls(root, folder, args.config, fixed, trials)
+        for trial in trials:  # bad input stops the sweep before any trial runs
+            try:
+                load_config(args.config, sweep.command(trial)[2:])
+            except ConfigError as exc:
+                raise ConfigError(f"trial {trial['id']}: {exc}") from None
+        if not args.dry_run:  # a dry run writes nothing
+            sweep._merge_manifest()
+        return sweep
+
+    def command(self, trial: dict) -> list[str]:
+        config = ["--config", str(self.config)] if self.config else []
+        return [
+            sys.executable,
+            str(self.root / "scripts" / "train.py"),
+            *config,
+            *self.fixed,
+            *trial["overrides"],
+            f"run.output_dir={self.dir}",
+            f"run.name={trial['id']}",
+            "train.resume=auto",
+        ]
+
+    def _merge_manifest(self) -> None:
+        """Keep the recorded state of an existing sweep of the same trials."""
+        with self._locked() as saved:
+            if saved is None:
+                self._write({"config": self.config, "fixed": self.fixed, "trials": self.trials})
+                return
+            same = [(t["id"], t["overrides"]) for t in saved["trials"]]
+            if (
+                same != [(t["id"], t["overrides"]) for t in self.trials]
+                or saved["fixed"] != self.fixed
+            ):
+                raise ConfigError(
+                    f"sweep {self.dir.name!r} exists in {self.dir.parent} with other "
+                    "trials or settings; choose another --name"
+                )
+            self.trials = saved["trials"]
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The manifest under an exclusive lock (None while there is none)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            path = self.dir / "sweep.json"
+            yield json.loads(path.read_text()) if path.exists() else None
+        finally:
+            os.close(fd)
+
+    def _write(self, manifest: dict) -> None:
+        tmp = self.dir / f".sweep.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(tmp, self.dir / "sweep.json")
+
+    def update(self, trial: dict, **fields) -> None:
+        trial.update(fields)
+        with self._locked() as saved:
+            for i, old in enumerate(saved["trials"]):
+                if old["id"] == trial["id"]:
+                    saved["trials"][i] = trial
+            self._write(saved)
+
+    def run(self, args) -> int:
+        todo = [t for t in self.trials if t["state"] != "done"]
+        if args.run_index is not None:
+            if not 0 <= args.run_index < len(self.trials):
+                raise ConfigError(
+                    f"--run-index {args.run_index} is not in 0..{len(self.trials) - 1}"
+                )
+            todo = [t for t in [self.trials[args.run_index]] if t["state"] != "done"]
+        slots = slots_for(args.parallel, args.gpus)
+        print(
+            f"sweep {self.dir}: {len(self.trials)} trials, {len(todo)} to run, "
+            f"{len(slots)} at a time"
+        )
+        self._run_all(todo, slots)
+        if self.stopping or any(t["state"] == "pending" for t in todo):
+            print(f"sweep stopped; run the same command again to continue ({self.dir})")
+            return EXIT_PREEMPTED
+        if args.run_index is not None:
+            return todo[0]["exit_code"] or 0 if todo else 0
+        status = sweep_report.report(self.dir, self.trials)
+        failed = [t["id"] for t in self.trials if t["state"] == "failed"]
+        if failed:
+            print(f"{len(failed)} trial(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1 if failed else status
+
+    def _run_all(self, todo: list[dict], slots: list[dict]) -> None:
+        """Start trials in free slots until all ran or a signal asks to stop."""
+        running: dict[int, tuple] = {}
+        previous = {s: signal.signal(s, self._stop(running)) for s in _STOP_SIGNALS}
+        queue = list(todo)
+        try:
+            while (queue and not self.stopping) or running:
+                for slot in range(len(slots)):
+                    if slot not in running and queue and not self.stopping:
+                        running[slot] = self._start(queue.pop(0), slots[slot])
+                for slot, (trial, proc, err, began) in list(running.items()):
+                    if proc.poll() is not None:
+                        del running[slot]
+                        err.close()
+                        self._finish(trial, proc.returncode, time.monotonic() - began)
+                time.sleep(0.05)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _stop(self, running: dict):
+        def handler(signum, frame):
+            self.stopping = True  # trials save and exit 75; no new trial starts
+            for _, proc, _, _ in running.values():
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+
+        return handler
+
+    def _start(self, trial: dict, slot: dict) -> tuple:
+        logs = self.dir / "logs"
+        logs.mkdir(exist_ok=True)
+        out = (logs / f"{trial['id']}.out").open("a")
+        err = (logs / f"{trial['id']}.err").open("w+")
+        extra = [f"run.threads={slot['threads']}"] if slot.get("threads") else []
+        env = {**os.environ, **slot.get("env", {}), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(self.command(trial) + extra, stdout=out, stderr=err, env=env)
+        out.close()
+        self.update(trial, state="running", exit_code=None, error=None)
+        print(
+            f"{trial['id']}: started ({', '.join(trial['overrides']) or 'fixed settings'}) "
+            f"log {logs / trial['id']}.out"
+        )
+        return trial, proc, err, time.monotonic()
+
+    def _finish(self, trial: dict, code: int, seconds: float) -> None:
+        if code == 0:
+            self.update(trial, state="done", exit_code=0)
+            print(f"{trial['id']}: done in {seconds:.1f}s")
+        elif code in (EXIT_PREEMPTED, 130) or code < 0:  # stopped or killed: resume next time
+            self.update(trial, state="pending", exit_code=code, error="interrupted")
+            print(f"{trial['id']}: interrupted (exit {code}); it resumes when the sweep reruns")
+        else:
+            line = _last_line(self.dir / "logs" / f"{trial['id']}.err")
+            self.update(trial, state="failed", exit_code=code, error=line)
+            print(f"{trial['id']}: failed (exit {code}): {line}")
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", signal.SIGTERM))
+
+
+def _last_line(path: Path) -> str:
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["(no output)"])[-1][:300]

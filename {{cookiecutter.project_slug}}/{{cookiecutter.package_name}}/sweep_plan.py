@@ -1,0 +1,209 @@
+"""Planning a sweep: the trials (grid, random search, seeds x folds) with readable ids, the
+slots they run in (a GPU or a share of the CPUs each), and the SLURM array script."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+import re
+import shlex
+import subprocess
+
+from .config import load_config
+from .errors import ConfigError
+
+# Set per trial by the sweep: a fixed override of one of these would be overwritten.
+PER_TRIAL = ("run.name", "train.resume")
+RANGES = ("log", "uniform", "int", "choice")
+
+
+def plan(args) -> tuple[list[str], list[dict]]:
+    """The fixed overrides and the trials: one per config x seed x fold."""
+    fixed, axes = [], {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        kind = value.partition(":")[0]
+        if sep and (kind in RANGES or ("," in value and value[:1] not in "[{\"'")):
+            axes[key.strip()] = value
+        else:
+            fixed.append(item)
+    for item in fixed:
+        if item.partition("=")[0].strip() in PER_TRIAL:
+            raise ConfigError(f"{item!r}: the sweep sets {', '.join(PER_TRIAL)} per trial")
+    configs = _random(axes, args.trials, args.seed) if args.trials else _grid(axes)
+    reps = [[]]
+    if args.seeds > 1:
+        base = load_config(args.config, fixed).run.seed
+        reps = [[*r, f"run.seed={base + s}"] for r in reps for s in range(args.seeds)]
+    if args.kfold:
+        if args.kfold < 2:
+            raise ConfigError(f"--kfold must be >= 2, got {args.kfold}")
+        folds = [f"data.folds={args.kfold}"]
+        reps = [[*r, *folds, f"data.fold={f}"] for r in reps for f in range(args.kfold)]
+    trials, width = [], max(2, len(str(len(configs) - 1)))
+    short = _short_names(list(axes))
+    for i, settings in enumerate(configs):
+        group = f"t{i:0{width}d}" + "".join(f"-{short[k]}{v}" for k, v in settings.items())
+        group = re.sub(r"[^A-Za-z0-9._-]", "_", group)[:80]
+        for rep in reps:
+            tail = "".join(
+                f"-{o.split('.')[1][0]}{o.split('=')[1]}" for o in rep if "folds" not in o
+            )
+            trials.append(
+                {
+                    "id": group + tail,
+                    "group": group,
+                    "settings": settings,
+                    "overrides": [f"{k}={v}" for k, v in settings.items()] + rep,
+                    "state": "pending",
+                    "exit_code": None,
+                    "error": None,
+                }
+            )
+    return fixed, trials
+
+
+def _grid(axes: dict[str, str]) -> list[dict]:
+    for key, value in axes.items():
+        if value.partition(":")[0] in RANGES:
+            raise ConfigError(f"{key}={value} is a range: add --trials N to sample from it")
+    lists = {k: [v.strip() for v in value.split(",") if v.strip()] for k, value in axes.items()}
+    return [dict(zip(lists, values, strict=True)) for values in itertools.product(*lists.values())]
+
+
+def _random(axes: dict[str, str], n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    specs = {key: _range(key, value) for key, value in axes.items()}
+    return [{key: sample(rng) for key, sample in specs.items()} for _ in range(n)]
+
+
+def _range(key: str, value: str):
+    kind, _, rest = value.partition(":")
+    if kind not in RANGES:  # a comma list: a choice
+        kind, rest = "choice", value
+    if kind == "choice":
+        choices = [v.strip() for v in rest.split(",") if v.strip()]
+        return lambda rng: rng.choice(choices)
+    try:
+        low, high = (float(x) for x in rest.split(":"))
+    except ValueError:
+        raise ConfigError(f"{key}={value}: write {kind}:LOW:HIGH, e.g. log:1e-4:1e-2") from None
+    if not low < high or (kind == "log" and low <= 0):
+        raise ConfigError(f"{key}={value}: needs LOW < HIGH" + (", both > 0" * (kind == "log")))
+    if kind == "int":
+        return lambda rng: str(rng.randint(int(low), int(high)))
+    if kind == "log":
+        return lambda rng: f"{math.exp(rng.uniform(math.log(low), math.log(high))):.3g}"
+    return lambda rng: f"{rng.uniform(low, high):.3g}"
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    """train.lr -> lr; the whole key where two sections share a leaf name."""
+    leaves = [k.rpartition(".")[2] for k in keys]
+    return {
+        k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(keys, leaves, strict=True)
+    }
+
+
+def slots_for(parallel: int, gpus: str | None) -> list[dict]:
+    """One entry per concurrent trial: its GPU (CUDA_VISIBLE_DEVICES) or its CPU threads."""
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+    if parallel == 1 and gpus is None:
+        return [{}]
+    if gpus is None:
+        import torch
+
+        gpus = ",".join(str(i) for i in range(torch.cuda.device_count()))
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    if ids:
+        return [{"env": {"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]}} for i in range(parallel)]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cpus or 1) // parallel)
+    return [{"threads": threads, "env": {"OMP_NUM_THREADS": str(threads)}}] * parallel
+
+
+def submit_array(sweep, args) -> int:
+    """Write <sweep dir>/sweep_array.sh, one array task per trial, and sbatch it."""
+    same = ["--name", args.name, *(["--config", args.config] if args.config else [])]
+    for flag in ("trials", "seed", "seeds", "kfold"):
+        same += [f"--{flag}", str(getattr(args, flag))]
+    same += args.overrides
+    script = sweep.dir / "sweep_array.sh"
+    fields = {
+        "@NAME@": args.name,
+        "@LAST@": str(len(sweep.trials) - 1),
+        "@LOGS@": str(sweep.dir / "logs"),
+        "@ROOT@": shlex.quote(str(sweep.root)),
+        "@ARGS@": shlex.join(same),
+    }
+    text = ARRAY_SCRIPT
+    for placeholder, value in fields.items():
+        text = text.replace(placeholder, value)
+    script.write_text(text)
+    (sweep.dir / "logs").mkdir(exist_ok=True)
+    print(f"wrote {script} ({len(sweep.trials)} array tasks)")
+    if args.no_submit:
+        print(f"submit it with: sbatch {script}")
+        return 0
+    try:
+        proc = subprocess.run(
+            ["sbatch", *args.sbatch_arg, str(script)],
+            capture_output=True,
+            text=True,
+            cwd=sweep.root,
+        )
+    except FileNotFoundError:
+        raise ConfigError(
+            "sbatch not found: run on a SLURM login node, or use --no-submit"
+        ) from None
+    if proc.returncode != 0:
+        raise ConfigError(f"sbatch failed: {_tail(proc.stderr or proc.stdout)}")
+    job = re.search(r"(\d+)", proc.stdout)
+    print(f"submitted job {job.group(1) if job else proc.stdout.strip()}")
+    return 0
+
+
+def _tail(text: str) -> str:
+    return (text.strip().splitlines() or ["no output"])[-1]
+
+
+# The @FIELDS@ are filled in by submit_array. USR1 comes 120 s before the time limit (SIGTERM
+# on preemption): the trial saves and exits 75,
+# then the task requeues itself and resumes with train.resume=auto.
+ARRAY_SCRIPT = """#!/bin/bash
+# Sweep @NAME@: one SLURM array task per trial. Written by scripts/sweep.py --slurm.
+#SBATCH --job-name=sweep-@NAME@
+#SBATCH --array=0-@LAST@
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+#SBATCH --open-mode=append
+#SBATCH --output=@LOGS@/slurm-%A_%a.out
+# Resources (add your own, e.g. sbatch --gpus=1 --time=4:00:00, or --sbatch-arg to sweep.py)
+
+set -uo pipefail
+cd @ROOT@
+
+requeue=0
+# shellcheck disable=SC2317,SC2329  # (reached through the trap)
+stop() {
+    requeue=1
+    kill -TERM "$pid" 2>/dev/null || true
+}
+trap stop USR1 TERM
+
+"${PYTHON:-python}" scripts/sweep.py --run-index "$SLURM_ARRAY_TASK_ID" @ARGS@ &
+pid=$!
+status=0
+wait "$pid" || status=$?
+if ((requeue)); then
+    status=0
+    wait "$pid" || status=$?  # the trap cut the first wait short: wait for the save
+fi
+if ((status == 75)); then
+    scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+fi
+exit "$status"
+"""

@@ -124,6 +124,9 @@ def test_grid_sweep_ranks_its_trials_and_writes_the_best_config(sequential):
     assert best.run.name == "default" and not best.train.resume
     manifest = json.loads((folder / "sweep.json").read_text())
     assert {t["state"] for t in manifest["trials"]} == {"done"}
+    pytest.importorskip("matplotlib", reason="plots are optional: pip install matplotlib")
+    for key in ("train.lr", "model.depth"):
+        assert (folder / f"metric_vs_{key}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

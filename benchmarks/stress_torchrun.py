@@ -12,7 +12,7 @@ Bakes the template (env_manager=none, run_smoke_test=no, init_git=no) into a tem
 unless --project names a bake. Each launch is
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 scripts/train.py \\
-        run.name=ddp <a small config> run.output_dir=<fresh folder>
+        --config configs/experiments/smoke.yaml run.name=ddp run.output_dir=<fresh folder>
 
 with the default config instead every --default-every launches. --load starts that many
 `while True: pass` processes for the whole stress run; --parallel runs launches side by side.
@@ -38,18 +38,8 @@ from pathlib import Path
 
 TEMPLATE = Path(__file__).resolve().parent.parent
 FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no"}
-SMALL = [
-    "data.train_size=256",
-    "data.val_size=96",
-    "data.image_size=8",
-    "data.num_classes=4",
-    "model.width=8",
-    "train.batch_size=16",
-    "train.epochs=2",
-    "run.log_every=4",
-    "run.tensorboard=false",
-    "run.device=cpu",
-]
+# The baked project's own tiny config (the smoke test's), so the two cannot drift apart.
+SMALL = ["--config", "configs/experiments/smoke.yaml", "run.device=cpu"]
 DEFAULT = ["train.epochs=2", "run.device=cpu"]
 # Lines that mark a failed launch even when every exit code was 0.
 BAD = re.compile(
@@ -156,8 +146,8 @@ def launch(i: int, project: Path, out: Path, config, env, args, logs: Path) -> d
         "--standalone",
         "--nproc_per_node=2",
         "scripts/train.py",
-        "run.name=ddp",
         *config,
+        "run.name=ddp",
         *args.overrides,
         f"run.output_dir={out}",
     ]

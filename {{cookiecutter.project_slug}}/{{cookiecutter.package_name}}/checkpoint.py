@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, first_line
 from .utils.seed import set_rng_state
 
 PREFIXES = ("module.", "_orig_mod.")  # added by DistributedDataParallel and torch.compile
@@ -224,7 +224,7 @@ def _reads_back(path: Path) -> bool:
 
 
 def _not_a_checkpoint(path: Path, exc: BaseException) -> str:
-    reason = _first_line(exc).split(". ")[0]
+    reason = first_line(exc, 160).split(". ")[0]
     return (
         f"checkpoint {str(path)!r} is not a checkpoint (corrupt, truncated or not a torch "
         f"file: {reason})"
@@ -232,8 +232,9 @@ def _not_a_checkpoint(path: Path, exc: BaseException) -> str:
 
 
 def _unreadable(path: Path, exc: BaseException) -> str:
+    reason = f"{type(exc).__name__}: {first_line(exc, 160)}"
     return (
-        f"checkpoint {str(path)!r} could not be read ({type(exc).__name__}: {_first_line(exc)}); "
+        f"checkpoint {str(path)!r} could not be read ({reason}); "
         "nothing was renamed: fix the cause (disk, network filesystem, permissions, memory) "
         "and run the same command again"
     )
@@ -309,8 +310,3 @@ def _git_commit() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__

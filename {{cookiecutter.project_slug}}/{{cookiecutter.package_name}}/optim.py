@@ -71,9 +71,7 @@ def continue_schedule(optimizer, scheduler, cfg: TrainConfig, lr: float, total_s
     load_state_dict brings back the old peak lr (base_lrs), weight decay and plan; without
     this, a changed train.lr or train.epochs would be recorded but not used, and the first
     step would run at the old plan's lr."""
-    plan = scheduler.lr_lambdas[0]
-    if not isinstance(plan, WarmupCosine):
-        return
+    plan = scheduler.lr_lambdas[0]  # the WarmupCosine of build_scheduler, with its saved fields
     step = scheduler.last_epoch
     if (plan.total, plan.floor) != (total_steps, cfg.min_lr_ratio):
         plan.replan(step, total_steps, cfg.min_lr_ratio)

@@ -5,10 +5,10 @@ torch.compile, peak memory, and model FLOPs utilisation (MFU).
     python scripts/benchmark_gpu.py --config configs/experiments/x.yaml train.batch_size=256
     python scripts/benchmark_gpu.py --dtypes fp32 bf16 --compile off on --steps 50 --json
 
-A step is what the trainer does per batch: forward under autocast, cross-entropy, backward,
-gradient clipping, AdamW (fused where the trainer fuses it), zero_grad. Inputs are random
-tensors already on the device, so data loading is left out (scripts/benchmark_dataloader.py
-measures it). Each variant gets a fresh model; its first steps (and compilation) are timed
+A step is what the trainer does per batch: forward under autocast, the task's loss, backward,
+gradient clipping, AdamW (fused where the trainer fuses it), zero_grad. The input is one real
+training batch already on the device, so data loading is left out
+(scripts/benchmark_dataloader.py measures it). Each variant gets a fresh model; its first steps (and compilation) are timed
 separately as warm-up; the rate is the median of --repeats windows of --steps steps, each
 closed by a device synchronize. FLOPs per step are counted once with
 torch.utils.flop_counter.FlopCounterMode (matmuls and convolutions, forward + backward), and
@@ -26,11 +26,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from {{ cookiecutter.package_name }} import config, data, errors, models, optim
+from {{ cookiecutter.package_name }} import config, data, errors, models, optim, trainer
 from {{ cookiecutter.package_name }}.utils import device as devices
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s with fp32 accumulation, from the vendor's
@@ -58,11 +57,11 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+def count_flops(model: nn.Module, task, x: torch.Tensor, y: torch.Tensor) -> int:
     """FLOPs of one forward + backward at this batch (fp32 eager; the count is the same math
     for bf16 and for a compiled model)."""
     with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(x), y).backward()
+        task.loss(model(x), y).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
@@ -74,26 +73,25 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def run_variant(cfg, shape, classes, device, dtype: str, compiled: bool, args) -> dict:
+def run_variant(cfg, task, batch_xy, device, dtype: str, compiled: bool, args) -> dict:
     torch.manual_seed(cfg.run.seed)
-    model = models.build_model(cfg.model, shape, classes)
+    x, y = (t.to(device) for t in batch_xy)
+    model = models.build_model(cfg.model, batch_xy[0][:2], task.num_outputs)
     memory_format = torch.channels_last if cfg.train.channels_last else torch.preserve_format
     model.to(device, memory_format=memory_format).train()
     fused = device.type in ("cuda", "cpu")
     optimizer = optim.build_optimizer(model, cfg.train, cfg.train.lr, fused=fused)
-    batch = cfg.train.batch_size
-    x = torch.randn(batch, *shape, device=device)
+    batch = len(x)
     if cfg.train.channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(classes, (batch,), device=device)
-    flops = count_flops(model, x, y)
+    flops = count_flops(model, task, x, y)
     net = torch.compile(model) if compiled else model
     autocast = torch.autocast(device.type, DTYPES[dtype], enabled=dtype != "fp32")
     clip = cfg.train.grad_clip
 
     def step():
         with autocast:
-            loss = F.cross_entropy(net(x), y)
+            loss = task.loss(net(x), y)
         loss.backward()
         if clip:
             nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -147,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.load_config(args.config, args.overrides)
         device = devices.resolve_device(cfg.run.device)
-        dataset = data.build_dataset(cfg.data, "val")  # only for the input shape and classes
+        # One real training batch, already on the device in each step: loading is left out.
+        train_set, _, _, task = trainer.build_data(cfg)
+        loader = data.build_loader(train_set, cfg.data, cfg.train.batch_size, True, cfg.run.seed)
+        batch_xy = next(iter(loader))
     except errors.UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -164,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["error"] = f"bf16 is not native on {name}"
             else:
                 try:
-                    shape, classes = dataset.input_shape, dataset.num_classes
-                    row = run_variant(cfg, shape, classes, device, dtype, mode == "on", args)
+                    row = run_variant(cfg, task, batch_xy, device, dtype, mode == "on", args)
                 except Exception as exc:  # one failing variant (e.g. no compiler) is reported
                     row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
                 finally:

@@ -66,3 +66,19 @@ def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: P
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def demo_root(tmp_path_factory) -> Path:
+    """A folder holding data/demo/ as scripts/make_demo_data.py writes it (once per session)."""
+    root = tmp_path_factory.mktemp("demo")
+    proc = run_script("scripts/make_demo_data.py", "--out", str(root / "data" / "demo"))
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+@pytest.fixture
+def demo_data(demo_root, monkeypatch) -> Path:
+    """Work in a folder holding data/demo/: the example configs' relative paths resolve."""
+    monkeypatch.chdir(demo_root)
+    return demo_root

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import yaml
 from conftest import CONFIGS
 
 from {{ cookiecutter.package_name }}.config import Config, from_dict, load_config, to_dict
-from {{ cookiecutter.package_name }}.data import build_dataset
+from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.tasks import TASKS, build_task
 
 ALL_FILES = sorted(CONFIGS.rglob("*.yaml"))
 
@@ -21,10 +21,11 @@ def test_default_yaml_mirrors_the_dataclass_defaults():
 
 
 @pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
-def test_every_config_file_loads_and_builds(path):
-    cfg = load_config(path, ["data.train_size=64", "data.val_size=32"])
-    dataset = build_dataset(cfg.data, "train")
-    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+def test_every_config_file_loads_and_builds(path, demo_data):
+    cfg = load_config(path)  # demo_data: the working directory holds data/demo/
+    train, _, _ = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
+    task = build_task(cfg.task, getattr(train, "dataset", train))
+    model = build_model(cfg.model, example_inputs(train), task.num_outputs)
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
@@ -96,17 +97,17 @@ def test_a_misspelt_section_in_a_file_gets_the_section_and_key(tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("model.name=MLP", "'MLP' is not a model; choose from cnn, mlp (did you mean 'mlp'?)"),
-        ("data.name=Synthetic", "'Synthetic' is not a dataset; choose from synthetic, tensors"),
+        ("model.name=MLP", "model.name='MLP' is not one of the registered choices cnn, mlp"),
+        ("model.name=MLP", "(did you mean 'mlp'?)"),
+        ("data.name=Synthetic", "data.name='Synthetic' is not one of the registered choices"),
         ("data.name=Synthetic", "(did you mean 'synthetic'?)"),
+        ("task.name=Regresion", "(did you mean 'regression'?)"),
     ],
 )
 def test_registries_suggest_names_whatever_their_case(override, message):
-    cfg = load_config(None, [override, "data.train_size=8", "data.val_size=8"])
     with pytest.raises(ConfigError) as err:
-        dataset = build_dataset(cfg.data, "train")
-        build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-    assert message in str(err.value)
+        load_config(None, [override])
+    assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_missing_and_broken_files(tmp_path):
@@ -124,4 +125,58 @@ def test_missing_and_broken_files(tmp_path):
 
 def test_round_trip_through_a_dict():
     cfg = load_config(None, ["model.name=mlp", "train.epochs=1"])
-    assert from_dict(dataclasses.asdict(cfg)) == cfg
+    assert from_dict(to_dict(cfg)) == cfg
+
+
+# Each component's options: typed, checked, did-you-mean, and only the chosen one's are kept.
+
+
+def test_a_component_s_options_are_typed_and_checked():
+    cfg = load_config(None, ["model.name=mlp", "model.width=7", "task.label_smoothing=0.1"])
+    assert cfg.model.options.width == 7 and cfg.task.options.label_smoothing == 0.1
+    with pytest.raises(ConfigError, match="model.width expects int, got 'wide'"):
+        load_config(None, ["model.width=wide"])
+    with pytest.raises(ConfigError, match=r"data.image_size must be >= 4, got 2"):
+        load_config(None, ["data.image_size=2"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.imag_size=8"], "unknown config key 'data.imag_size' (did you mean 'data.image_size'?)"),
+        (["data.root=x"], "data.root is not an option of data.name=synthetic; it belongs to data.name=tensors"),
+        (["model.name=mlp", "model.widht=8"], "(did you mean 'model.width'?)"),
+        (["data.name=csv", "data.image_size=8"], "data.image_size is not an option of data.name=csv"),
+        (["train.best_metric=r2"], "train.best_metric='r2' is not a metric of task.name=classification"),
+        (["task.name=regression", "train.best_metric=acc"], "choose auto or one of rmse, mae, r2, loss"),
+        (["task.name=regression", "train.best_metric=r2", "train.best_mode=min"], "would keep the worst r2"),
+    ],
+)
+def test_component_options_errors_name_the_key_and_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_choosing_another_component_drops_the_other_s_options(tmp_path):
+    """A file extending default.yaml (synthetic data, cnn) may switch to csv and an mlp: the
+    synthetic sizes and the cnn's options are not inherited, and the saved config records
+    only what the run used."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        f"extends: {CONFIGS / 'default.yaml'}\n"
+        "data:\n  name: csv\n  path: t.csv\n  label: y\nmodel:\n  name: mlp\n"
+    )
+    cfg = load_config(path, ["model.width=16"])
+    saved = to_dict(cfg)
+    assert "image_size" not in saved["data"] and "train_size" not in saved["data"]
+    assert saved["data"]["path"] == "t.csv" and saved["data"]["num_workers"] == 0
+    assert saved["model"] == {"name": "mlp", "width": 16, "depth": 2, "dropout": 0.1}
+    assert load_config(base=saved) == cfg  # what a checkpoint's config rebuilds
+
+
+def test_best_metric_auto_is_the_task_s_first_metric():
+    assert load_config(None).best() == ("acc", "max")
+    assert load_config(None, ["task.name=regression"]).best() == ("rmse", "min")
+    assert load_config(None, ["task.name=language_model"]).best() == ("perplexity", "min")
+    assert load_config(None, ["train.best_metric=loss"]).best() == ("loss", "min")

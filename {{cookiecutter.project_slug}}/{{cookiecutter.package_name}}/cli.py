@@ -71,9 +71,9 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
     """Rebuild the model from the checkpoint's own config (plus overrides) and validate it."""
     from . import checkpoint, distributed
     from .config import load_config
-    from .data import build_dataset, build_loader
+    from .data import build_loader, example_inputs
     from .models import build_model
-    from .trainer import evaluate
+    from .trainer import build_data, evaluate
 
     state = checkpoint.load(path)
     # A bare state_dict carries no config: the defaults plus the overrides describe its model.
@@ -81,7 +81,9 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
     cfg = load_config(base=saved, overrides=overrides)
     dist, device = distributed.setup(cfg.run.device)
     try:
-        val_set = build_dataset(cfg.data, "val")
+        # The checkpoint's data meta: the training run's normalisation, classes and split.
+        saved_meta = state.get("data") if isinstance(state.get("data"), dict) else None
+        _, val_set, _, task = build_data(cfg, saved_meta)
         loader = build_loader(
             val_set,
             cfg.data,
@@ -91,9 +93,9 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
             rank=dist.rank,
             world_size=dist.world_size,
         )
-        model = build_model(cfg.model, val_set.input_shape, val_set.num_classes)
+        model = build_model(cfg.model, example_inputs(val_set), task.num_outputs)
         checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
-        metrics = evaluate(model.to(device), loader, device, cfg.train.amp)
+        metrics = evaluate(model.to(device), loader, task, device, cfg.train.amp)
         metrics = {"checkpoint": path, "step": state.get("progress", {}).get("step"), **metrics}
         return metrics if dist.is_main else None
     finally:
@@ -146,7 +148,7 @@ def _smoke(root: Path, overrides: list[str]) -> str:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return (
         f"{device}, amp {amp}, {steps_per_epoch} steps + resume, "
-        f"val acc {metrics['acc']:.3f} (chance {1 / cfg.data.num_classes:.3f})"
+        f"val acc {metrics['acc']:.3f} (chance {1 / cfg.data.options.num_classes:.3f})"
     )
 
 

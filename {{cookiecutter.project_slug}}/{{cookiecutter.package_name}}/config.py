@@ -36,25 +36,26 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"  # a key of DATASETS in data/__init__.py
-    root: str = "data"  # folder of file-based datasets
-    train_size: int = 4096  # synthetic: samples in the training split
-    val_size: int = 1024  # synthetic: samples in the validation split
-    image_size: int = 16  # synthetic: height = width of the images
-    num_classes: int = 10  # synthetic: number of classes
+    name: str = "synthetic"  # a key of DATASETS in data/__init__.py; its own options sit beside
     num_workers: int = 0  # loader processes (at most 256); 0 suits in-memory data
     pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (CUDA only)
+    val_fraction: float = 0.1  # held out for validation when a dataset has no val split of its own
+    split_seed: int = 0  # shuffles the validation split and the folds; not run.seed, so seeds share them
     folds: int = 0  # k-fold: K >= 2 splits the training split into K folds; 0 = off (own val)
     fold: int = 0  # k-fold: the fold used for validation, 0..folds-1; the rest trains
-    fold_seed: int = 0  # k-fold: shuffles the fold assignment; not run.seed, so seeds share folds
+    options: Any = None  # the chosen dataset's Options (data/<name>.py): flat keys in YAML
 
 
 @dataclass
 class ModelConfig:
-    name: str = "cnn"  # a key of MODELS in models/__init__.py
-    width: int = 32  # channels of the first block (cnn) / hidden units (mlp)
-    depth: int = 2  # conv blocks (cnn) / hidden layers (mlp), at most 64
-    dropout: float = 0.1  # before the classifier head
+    name: str = "cnn"  # a key of MODELS in models/__init__.py; its own options sit beside
+    options: Any = None  # the chosen model's Options (models/<name>.py): flat keys in YAML
+
+
+@dataclass
+class TaskConfig:
+    name: str = "classification"  # a key of TASKS in tasks/__init__.py: loss and metrics
+    options: Any = None  # the chosen task's Options (tasks/<name>.py): flat keys in YAML
 
 
 @dataclass
@@ -78,15 +79,8 @@ class TrainConfig:
     resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
     keep_last: int = 2  # step checkpoints kept besides best.pt
-    best_metric: str = "acc"  # validation metric that picks best.pt: acc | loss
+    best_metric: str = "auto"  # validation metric that picks best.pt; auto: the task's first (acc, rmse, perplexity)
     best_mode: Literal["auto", "max", "min"] = "auto"  # auto: the metric's own (acc max, loss min)
-
-    def best_direction(self) -> str:
-        """max or min: which way best_metric improves."""
-        return BEST_MODES[self.best_metric] if self.best_mode == "auto" else self.best_mode
-
-
-BEST_MODES = {"acc": "max", "loss": "min"}  # how each validation metric improves
 
 
 @dataclass
@@ -94,7 +88,60 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        for section in COMPONENTS:  # a bare Config() gets its components' default options
+            part = getattr(self, section)
+            if part.options is None:
+                part.options = options_type(section, part.name)()
+
+    def best(self) -> tuple[str, str]:
+        """The validation metric that picks best.pt and whether it improves up (max) or down."""
+        directions = components("task")[self.task.name].metrics
+        metric = self.train.best_metric
+        metric = next(iter(directions)) if metric == "auto" else metric
+        return metric, directions[metric] if self.train.best_mode == "auto" else self.train.best_mode
+
+
+_SECTIONS = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "model": ModelConfig,
+    "task": TaskConfig,
+    "train": TrainConfig,
+}
+
+# Sections that choose a component from a registry: their `name` picks it, and the
+# component's own options (a dataclass beside it) sit in the same section.
+COMPONENTS = {"data": "DATASETS", "model": "MODELS", "task": "TASKS"}
+
+
+def components(section: str) -> dict:
+    """The registry a section chooses from. Imported when first needed: the registries import
+    this module for their types, so importing them at the top would be circular."""
+    from . import data, models, tasks
+
+    return {"data": data.DATASETS, "model": models.MODELS, "task": tasks.TASKS}[section]
+
+
+def options_type(section: str, name: str) -> type:
+    """The Options dataclass of component `name` of `section`; a ConfigError for an unknown name."""
+    registry = components(section)
+    if name not in registry:
+        close = closest(name, registry)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise ConfigError(
+            f"{section}.name={name!r} is not one of the registered choices "
+            f"{', '.join(registry)}{hint}"
+        )
+    return getattr(registry[name], "Options", NoOptions)
+
+
+@dataclass
+class NoOptions:
+    """For components that take no options."""
 
 
 def load_config(
@@ -107,13 +154,17 @@ def load_config(
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not key=value, e.g. train.epochs=3")
-        node = data
         *parents, leaf = key.strip().split(".")
+        node = top = {}
         for part in parents:
             node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
         node[leaf] = _parse_value(item, raw)
+        node = data
+        for part in parents:  # each part before the key must be a section, not a value
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is not None and not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+        data = _merge(data, top)
     cfg = from_dict(data)
     validate(cfg)
     return cfg
@@ -125,7 +176,13 @@ def from_dict(data: dict) -> Config:
 
 
 def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """Nested plain dicts; each component's options flat in its section, as in the YAML."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        section = dataclasses.asdict(getattr(cfg, f.name))
+        section.update(section.pop("options", None) or {})
+        out[f.name] = section
+    return out
 
 
 def save_config(cfg: Config, path: Path) -> None:
@@ -152,38 +209,49 @@ def validate(cfg: Config) -> None:
         ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
         ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
         ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
-        ("train.best_metric", cfg.train.best_metric in ("acc", "loss"), "acc or loss"),
         ("data.num_workers", 0 <= cfg.data.num_workers <= 256, "between 0 and 256"),
-        ("data.train_size", cfg.data.train_size >= 1, ">= 1"),
-        ("data.val_size", cfg.data.val_size >= 1, ">= 1"),
-        ("data.image_size", cfg.data.image_size >= 4, ">= 4"),
-        ("data.num_classes", cfg.data.num_classes >= 2, ">= 2"),
+        ("data.val_fraction", 0 < cfg.data.val_fraction < 1, "between 0 and 1, exclusive"),
         ("data.folds", cfg.data.folds == 0 or cfg.data.folds >= 2, "0 (off) or >= 2"),
         ("data.fold", _fold_in_range(cfg.data), _fold_rule(cfg.data)),
-        ("data.fold_seed", 0 <= cfg.data.fold_seed < 2**63, "between 0 and 2**63 - 1"),
-        ("model.width", cfg.model.width >= 1, ">= 1"),
-        ("model.depth", 1 <= cfg.model.depth <= 64, "between 1 and 64"),
-        ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
+        ("data.split_seed", 0 <= cfg.data.split_seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
         ("run.threads", cfg.run.threads >= 0, ">= 1, or 0 for auto"),
         # torch seeds are 64-bit; ranks add their rank and the sampler its epoch to the seed.
         ("run.seed", 0 <= cfg.run.seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),
     ]
+    for section in COMPONENTS:  # each component checks its own options: (key, ok, rule)
+        options = getattr(cfg, section).options
+        if hasattr(options, "checks"):
+            checks += [(f"{section}.{key}", ok, rule) for key, ok, rule in options.checks()]
     for key, ok, rule in checks:
         if not ok:
             section, name = key.split(".")
-            value = getattr(getattr(cfg, section), name)
+            part = getattr(cfg, section)
+            value = getattr(part, name) if hasattr(part, name) else getattr(part.options, name)
             raise ConfigError(f"{key} must be {rule}, got {value!r}")
-    natural = BEST_MODES[cfg.train.best_metric]
-    if cfg.train.best_mode not in ("auto", natural):
-        raise ConfigError(
-            f"train.best_mode={cfg.train.best_mode} would keep the worst {cfg.train.best_metric} "
-            f"as best.pt; use train.best_mode={natural} or auto"
-        )
+    _check_best(cfg)
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+def _check_best(cfg: Config) -> None:
+    directions = components("task")[cfg.task.name].metrics
+    metric = cfg.train.best_metric
+    if metric != "auto" and metric not in directions:
+        close = closest(metric, directions)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise ConfigError(
+            f"train.best_metric={metric!r} is not a metric of task.name={cfg.task.name}; "
+            f"choose auto or one of {', '.join(directions)}{hint}"
+        )
+    metric, natural = cfg.best()[0], directions[cfg.best()[0]]
+    if cfg.train.best_mode not in ("auto", natural):
+        raise ConfigError(
+            f"train.best_mode={cfg.train.best_mode} would keep the worst {metric} "
+            f"as best.pt; use train.best_mode={natural} or auto"
+        )
 
 
 def _fold_in_range(data: DataConfig) -> bool:
@@ -269,10 +337,21 @@ def _merge(base: dict, top: dict) -> dict:
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = _merge(_common_only(key, out[key], value), value)
         else:
             out[key] = value
     return out
+
+
+def _common_only(section: str, base: dict, top: dict) -> dict:
+    """`base` without its component options when `top` chooses another component: a file
+    extending default.yaml with data.name=csv must not inherit the synthetic data's sizes."""
+    if section not in COMPONENTS or "name" not in top:
+        return base
+    if top["name"] == base.get("name", _SECTIONS[section].name):
+        return base
+    common = {f.name for f in dataclasses.fields(_SECTIONS[section])}
+    return {k: v for k, v in base.items() if k in common}
 
 
 def closest(word: str, choices: typing.Iterable[str]) -> str | None:
@@ -304,11 +383,15 @@ def _unknown_key(cls, prefix: str, key: str, value: Any) -> str:
 
 
 def _all_keys(cls=Config, prefix: str = "") -> list[str]:
+    """Every key of the config, the default components' options included."""
     keys = []
     for f in dataclasses.fields(cls):
         hint = typing.get_type_hints(cls)[f.name]
         if dataclasses.is_dataclass(hint):
             keys += _all_keys(hint, f"{prefix}{f.name}.")
+        elif f.name == "options":
+            section = prefix.rstrip(".")
+            keys += _all_keys(options_type(section, _SECTIONS[section].name), prefix)
         else:
             keys.append(prefix + f.name)
     return keys
@@ -319,6 +402,8 @@ def _build(cls, data: Any, prefix: str):
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a section (key: value lines)")
+    if cls in (DataConfig, ModelConfig, TaskConfig):
+        return _build_component(cls, data, prefix)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
@@ -332,6 +417,41 @@ def _build(cls, data: Any, prefix: str):
         else:
             values[name] = _coerce(data[name], hint, prefix + name)
     return cls(**values)
+
+
+def _build_component(cls, data: dict, prefix: str):
+    """A section whose `name` chooses a component: its own keys, then the component's options
+    (every other key), each checked against the component's Options dataclass."""
+    section = prefix.rstrip(".")
+    name = _coerce(data.get("name", cls.name), str, f"{section}.name")
+    options_cls = options_type(section, name)
+    common = {f.name for f in dataclasses.fields(cls)} - {"options"}
+    own = set(typing.get_type_hints(options_cls))
+    for key in data:
+        if key not in common | own:
+            raise ConfigError(_unknown_option(section, name, str(key), common | own))
+    values = {k: _coerce(data[k], typing.get_type_hints(cls)[k], prefix + k) for k in common & data.keys()}
+    options = _build(options_cls, {k: v for k, v in data.items() if k in own}, prefix)
+    return cls(**values, options=options)
+
+
+def _unknown_option(section: str, name: str, key: str, known: set[str]) -> str:
+    """Did you mean a key of this component, or is it an option of another one?"""
+    guess = closest(key, known)
+    if guess:
+        return f"unknown config key '{section}.{key}' (did you mean '{section}.{guess}'?)"
+    owners = [
+        other
+        for other, component in components(section).items()
+        if key in typing.get_type_hints(getattr(component, "Options", NoOptions))
+    ]
+    if owners:
+        return (
+            f"{section}.{key} is not an option of {section}.name={name}; it belongs to "
+            f"{section}.name={' or '.join(owners)}"
+        )
+    listed = ", ".join(sorted(known)) or "none"
+    return f"unknown config key '{section}.{key}' for {section}.name={name} (its keys: {listed})"
 
 
 _BOOL_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import BEST_MODES
+from .config import from_dict
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -38,9 +38,7 @@ def report(sweep_dir: Path, trials: list[dict]) -> int:
         config = _run_config(sweep_dir / trial["id"])
         if trial["state"] != "done" or config is None:
             continue
-        metric = config["train"]["best_metric"]
-        mode = config["train"]["best_mode"]
-        mode = BEST_MODES[metric] if mode == "auto" else mode
+        metric, mode = from_dict(config).best()
         value = _best_value(sweep_dir, trial["id"], metric, runs)
         if value is not None:
             group["values"].append(value)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -22,10 +21,11 @@ from tqdm import tqdm
 from . import checkpoint, distributed, resume
 from .checkpoint import Progress
 from .config import Config, save_config, to_dict
-from .data import build_dataset, build_loader
+from .data import build_datasets, build_loader, example_inputs, set_epoch, source_of
 from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
+from .tasks import TASKS, build_task
 from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
 from .run_folder import RunFolder
 from .utils.device import (
@@ -54,6 +54,8 @@ class Loop:
     cfg: Config
     dist: DistInfo
     device: torch.device
+    task: object  # the loss and the metrics (tasks/)
+    data_meta: dict  # what prediction needs to read new inputs (classes, normalisation), saved
     model: nn.Module  # the plain module: what is saved and evaluated
     ddp: nn.Module  # `model` inside DistributedDataParallel when distributed, else `model`
     net: nn.Module  # what the forward pass calls: `ddp`, compiled when train.compile
@@ -92,8 +94,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
     seed_everything(cfg.run.seed + dist.rank, cfg.run.deterministic)
 
-    # Data: each rank reads its own shard; pinned memory only helps host-to-GPU copies.
-    train_set, val_set = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "val")
+    train_set, val_set, data_meta, task = build_data(cfg)
+    # Each rank reads its own shard; pinned memory only helps host-to-GPU copies.
     loader_args = dict(
         cfg=cfg.data,
         seed=cfg.run.seed,
@@ -117,7 +119,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         )
     total_steps = steps_per_epoch * cfg.train.epochs
 
-    model = build_net(cfg, train_set, device, dist)
+    model = build_net(cfg, train_set, task, device, dist)
 
     # Optimizer and schedule (optim.py): AdamW, per-step warm-up then cosine.
     lr = scaled_lr(cfg.train, effective_batch)
@@ -172,6 +174,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
             cfg=cfg,
             dist=dist,
             device=device,
+            task=task,
+            data_meta=data_meta,
             model=model,
             ddp=ddp,
             net=net,
@@ -197,10 +201,17 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         ckpts.unlock()
 
 
-def build_net(cfg: Config, train_set, device: torch.device, dist: DistInfo) -> nn.Module:
-    """The model of cfg.model for this data, on `device`: fine-tuning weights loaded, BatchNorm
-    synchronised across GPUs when asked."""
-    model = build_model(cfg.model, train_set.input_shape, train_set.num_classes)
+def build_data(cfg: Config, meta: dict | None = None):
+    """(train set, val set, data meta, task): the task says which targets it needs from the
+    data and sizes the model's output from it. `meta`: a checkpoint's, for evaluation."""
+    train_set, val_set, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets, meta)
+    return train_set, val_set, meta, build_task(cfg.task, source_of(train_set))
+
+
+def build_net(cfg: Config, train_set, task, device: torch.device, dist: DistInfo) -> nn.Module:
+    """The model of cfg.model for this data and task, on `device`: fine-tuning weights loaded,
+    BatchNorm synchronised across GPUs when asked."""
+    model = build_model(cfg.model, example_inputs(train_set), task.num_outputs)
     if cfg.train.init_from and not cfg.train.resume:
         skipped = checkpoint.init_from(model, cfg.train.init_from)
         if dist.is_main:
@@ -226,10 +237,10 @@ def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str |
     """Train an epoch, validate, checkpoint; until the last epoch or a stop, which saves
     where it is (mid-epoch too). Returns the last validation metrics and the stop reason."""
     cfg, progress = loop.cfg, loop.progress
-    metrics, best_mode = {}, cfg.train.best_direction()
+    metrics, (best_metric, best_mode) = {}, cfg.best()
     for epoch in range(progress.epoch, cfg.train.epochs):
         progress.epoch = epoch
-        train_loader.sampler.set_epoch(epoch, start=progress.epoch_samples)
+        set_epoch(train_loader, epoch, start=progress.epoch_samples)
         start = time.perf_counter()
         stats, stopped = train_one_epoch(loop, train_loader)
         if stats is None:  # stopped mid-epoch: save the position inside it
@@ -237,9 +248,9 @@ def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str |
             return metrics, stopped
         train_time = time.perf_counter() - start
         distributed.sync_buffers(loop.model)  # every rank evaluates the BatchNorm stats it saves
-        metrics = evaluate(loop.model, val_loader, loop.device, cfg.train.amp)
+        metrics = evaluate(loop.model, val_loader, loop.task, loop.device, cfg.train.amp)
         progress.epoch, progress.epoch_samples = epoch + 1, 0
-        is_best = progress.improves(metrics[cfg.train.best_metric], best_mode)
+        is_best = progress.improves(metrics[best_metric], best_mode)
         save(loop, ckpts, is_best)
         report_epoch(loop, stats, metrics, train_time, is_best)
         if stopped:
@@ -257,10 +268,11 @@ def summarise(cfg: Config, progress: Progress, metrics: dict, stopped: str | Non
         Path(cfg.run.output_dir),
         {
             "run": cfg.run.name,
+            "task": cfg.task.name,
             "model": cfg.model.name,
             "epochs": progress.epoch,
             "steps": progress.step,
-            f"best_val_{cfg.train.best_metric}": progress.best,
+            f"best_val_{cfg.best()[0]}": progress.best,
             **{f"val_{k}": v for k, v in metrics.items()},
         },
     )
@@ -312,7 +324,7 @@ def train_one_epoch(loop: Loop, loader) -> tuple[dict | None, str | None]:
             skip_sync = micro < accum - 1 and isinstance(loop.ddp, DistributedDataParallel)
             with loop.ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with mixed_precision:
-                    loss = F.cross_entropy(loop.net(x), y)
+                    loss = loop.task.loss(loop.net(x), y)
                 # Divide so the accumulated gradient is the mean over the effective batch.
                 loop.scaler.scale(loss / accum).backward()
             losses.append(loss.detach())
@@ -383,24 +395,25 @@ def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[flo
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader, device: torch.device, amp: str = "off") -> dict:
-    """Mean loss and accuracy over the whole split, counting each sample once on any number
-    of ranks: sums and counts are all-reduced, never per-rank means."""
+def evaluate(model: nn.Module, loader, task, device: torch.device, amp: str = "off") -> dict:
+    """The task's metrics over the whole split, counting each sample once on any number of
+    ranks: the task's sums and counts are all-reduced, never per-rank means."""
     was_training = model.training
     model.eval()
-    totals = torch.zeros(3, device=device)  # loss sum, correct, count
+    totals = None
     mixed_precision = autocast(device, amp)
     for batch in loader:
         x, y = to_device(batch, device)
         with mixed_precision:
-            logits = model(x)
-        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
-        totals[1] += (logits.argmax(1) == y).sum()
-        totals[2] += len(y)
+            output = model(x)
+        sums = task.sums(output, y)
+        totals = sums if totals is None else totals + sums
+    if totals is None:  # no sample on this rank (fewer than ranks): zeros of the right size
+        x, y = to_device(loader.dataset[0], device)
+        totals = task.sums(model(x[None][:0]), y[None][:0])
     distributed.all_reduce_sum(totals)
     model.train(was_training)
-    loss, correct, count = totals.tolist()
-    return {"loss": loss / count, "acc": correct / count, "count": int(count)}
+    return task.summarise(totals.tolist())
 
 
 def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
@@ -416,6 +429,7 @@ def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
             rngs,
             loop.dist.world_size,
         )
+        state["data"] = loop.data_meta
         ckpts.save(state, loop.progress.step, is_best)
 
 
@@ -425,8 +439,7 @@ def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_b
         "epoch": loop.progress.epoch,
         "step": loop.progress.step,
         "train/epoch_loss": stats["loss"],  # train/loss is the per-step curve
-        "val/loss": metrics["loss"],
-        "val/acc": metrics["acc"],
+        **{f"val/{k}": v for k, v in metrics.items() if k != "count"},
         "lr": loop.scheduler.get_last_lr()[0],
         "time/train_s": train_time,
         "throughput/samples_per_s": stats["samples"] / train_time,
@@ -436,7 +449,7 @@ def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_b
     if loop.dist.is_main:
         tqdm.write(
             f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
-            f"val loss {metrics['loss']:.4f} acc {metrics['acc']:.4f}"
+            f"val {' '.join(f'{k} {v:.4f}' for k, v in metrics.items() if k != 'count')}"
             f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
             f"{row['throughput/samples_per_s']:.0f} samples/s | "
             f"{memory_name.split('/')[1].removesuffix('_mb').replace('_', ' ')} "

@@ -1,23 +1,35 @@
-"""Dataset registry and loader factory.
+"""Dataset registry, the validation split and the loader factory.
 
-To add a dataset: write data/<name>.py with a torch Dataset whose constructor takes
-(cfg: DataConfig, split: "train" | "val") and which sets `input_shape` (C, H, W) and
-`num_classes`; then add one line to DATASETS. Data that fits in memory as two tensors can
-subclass InMemoryDataset (set `self.x`, `self.y`) and is batched by indexing, without
-per-sample collation. With `data.folds=K`, both splits are folds of the training split
-(data/folds.py).
+To add a dataset: write data/<name>.py with a torch Dataset, then add one line to DATASETS.
+The class takes `(opts, split)`: its `Options` dataclass (its keys in the config's `data:`
+section, beside `name`) and "train", "val", or "all" when it has one pool of samples
+(`has_val_split(opts)` returns False; `data.val_fraction` of the pool is then held out,
+stratified by class). `dataset[i]` is a pair `(x, y)` of tensors:
+- x: float features of any shape, (F,) or (C, H, W), or int64 token ids (T,);
+- y: an int64 class id ("class" targets; set `num_classes`), float values of shape () or
+  (K,) ("value" targets; set `num_targets`), or int64 tokens (T,) (set `vocab_size`).
+Optional: `classes` (class names), `meta` (what prediction needs to read new inputs), and
+`prepare(indices, meta)`, which learns preprocessing (e.g. normalisation) from the training
+rows `indices`, or applies a checkpoint's `meta`, and returns the meta.
+Data held in memory as two tensors can subclass InMemoryDataset: batches are then one
+gather (`dataset[list_of_indices]`), not `batch_size` calls and a collate.
 """
 
 from __future__ import annotations
 
-import torch
-from torch.utils.data import DataLoader, Dataset
+import zlib
+from dataclasses import replace
 
-from ..config import DataConfig, closest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
+
+from ..config import DataConfig
 from ..errors import ConfigError
 from ..utils.seed import seed_worker
 from ..utils.signals import ignore_stop_signals
-from .folds import fold_split
+from .csv_table import CSVTable
+from .folds import assign_folds, class_labels, holdout
+from .in_memory import InMemoryDataset
 from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
@@ -25,19 +37,74 @@ from .tensor_files import TensorFiles
 DATASETS = {
     "synthetic": SyntheticGratings,
     "tensors": TensorFiles,
+    "csv": CSVTable,
 }
 
 
-def build_dataset(cfg: DataConfig, split: str) -> Dataset:
-    if cfg.name not in DATASETS:
-        close = closest(cfg.name, DATASETS)
-        hint = f" (did you mean {close!r}?)" if close else ""
+def build_datasets(cfg: DataConfig, targets: str, meta: dict | None = None):
+    """(train, val, meta) for cfg: the dataset's own splits, or a held-out part of its one
+    pool, or k folds. `targets` ("class", "value", "tokens") is what the task needs; `meta`
+    (from a checkpoint) makes evaluation use the training run's preprocessing and split."""
+    source = DATASETS[cfg.name]
+    opts = cfg.options
+    if getattr(opts, "targets", None) == "auto":  # e.g. a CSV's label column: the task decides
+        opts = replace(opts, targets=targets)
+    own_val = getattr(source, "has_val_split", lambda _: True)(opts)
+    if own_val and cfg.folds < 2:
+        train, val = source(opts, "train"), source(opts, "val")
+        meta = _prepare(train, range(len(train)), meta)
+        _prepare(val, None, meta)
+        return train, val, meta
+    pool = source(opts, "train" if own_val else "all")
+    train_idx, val_idx, split = _split(pool, cfg)
+    check_split(split, meta)
+    meta = {**_prepare(pool, train_idx, meta), "split": split}
+    return Subset(pool, train_idx), Subset(pool, val_idx), meta
+
+
+def _split(pool: Dataset, cfg: DataConfig) -> tuple[list[int], list[int], dict]:
+    n = len(pool)
+    if cfg.folds >= 2:
+        if cfg.folds > n:
+            raise ConfigError(f"data.folds={cfg.folds} exceeds the {n} training samples")
+        fold_of = assign_folds(n, cfg.folds, cfg.split_seed, class_labels(pool))
+        val = (fold_of == cfg.fold).nonzero().squeeze(1).tolist()
+        train = (fold_of != cfg.fold).nonzero().squeeze(1).tolist()
+    elif hasattr(pool, "holdout"):  # e.g. text: a contiguous tail, not scattered windows
+        train, val = pool.holdout(cfg.val_fraction)
+    else:
+        train, val = holdout(n, cfg.val_fraction, cfg.split_seed, class_labels(pool))
+    if not train or not val:
         raise ConfigError(
-            f"data.name={cfg.name!r} is not a dataset; choose from {', '.join(DATASETS)}{hint}"
+            f"the split of {n} samples leaves {len(train)} for training and {len(val)} for "
+            "validation; use more data or change data.val_fraction"
         )
-    if cfg.folds >= 2:  # k-fold: train and val are both drawn from the training split
-        return fold_split(DATASETS[cfg.name](cfg, "train"), cfg, split)
-    return DATASETS[cfg.name](cfg, split)
+    # A checksum of the validation rows: evaluation refuses a split that differs (data changed).
+    checksum = zlib.crc32(torch.tensor(val, dtype=torch.int64).numpy().tobytes())
+    return train, val, {"train": len(train), "val": len(val), "checksum": checksum}
+
+
+def check_split(split: dict, meta: dict | None) -> None:
+    saved = (meta or {}).get("split")
+    if saved and saved != split:
+        raise ConfigError(
+            f"the validation split differs from the training run's ({split['val']} samples now, "
+            f"{saved['val']} then): the data or data.val_fraction/split_seed/folds changed; "
+            "evaluate on the same data and settings"
+        )
+
+
+def _prepare(dataset, indices, meta: dict | None) -> dict:
+    if hasattr(dataset, "prepare"):
+        return dataset.prepare(indices, meta)
+    return dict(getattr(dataset, "meta", {}))
+
+
+def source_of(dataset: Dataset) -> Dataset:
+    """The dataset behind any Subset: where num_classes, classes and meta live."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return dataset
 
 
 def build_loader(
@@ -53,14 +120,16 @@ def build_loader(
     """Training loaders shuffle per epoch and drop the ragged last batch so every rank steps
     the same number of times; evaluation loaders keep every sample exactly once."""
     sampler = ShardedSampler(len(dataset), rank, world_size, shuffle=train, seed=seed, even=train)
+    batching = dict(batch_size=batch_size, sampler=sampler, drop_last=train)
+    if isinstance(source_of(dataset), InMemoryDataset):
+        # Whole batches of indices go to dataset[...] (one gather); torch's documented way
+        # to load in batches: a BatchSampler as the sampler and automatic batching off.
+        batching = dict(batch_size=None, sampler=BatchSampler(sampler, batch_size, train))
     workers = cfg.num_workers
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=train,
+        **batching,
         num_workers=workers,
-        collate_fn=_already_batched if hasattr(dataset, "__getitems__") else None,
         pin_memory=pin_memory,
         persistent_workers=workers > 0,  # keep workers (and their warm caches) across epochs
         worker_init_fn=_init_worker,
@@ -69,10 +138,19 @@ def build_loader(
     )
 
 
+def example_inputs(dataset: Dataset, n: int = 2) -> torch.Tensor:
+    """The inputs of the first `n` samples as a batch: what a model is tried on when built."""
+    return torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))])
+
+
+def set_epoch(loader: DataLoader, epoch: int, start: int = 0) -> None:
+    """Shuffle `loader` for `epoch`, skipping the first `start` samples of its global order."""
+    sampler = loader.sampler
+    if isinstance(sampler, BatchSampler):
+        sampler = sampler.sampler
+    sampler.set_epoch(epoch, start)
+
+
 def _init_worker(worker_id: int) -> None:
     seed_worker(worker_id)
     ignore_stop_signals()  # the training process saves on SIGTERM; workers must outlive it
-
-
-def _already_batched(batch):
-    return batch

@@ -1,4 +1,4 @@
-"""Base for datasets held in memory as two tensors: inputs `x` (N, ...) and labels `y` (N,)."""
+"""Base for datasets held in memory as two tensors: inputs `x` (N, ...) and targets `y` (N, ...)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ class InMemoryDataset(Dataset):
     def __len__(self) -> int:
         return len(self.y)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int | list[int]):
+        # An int gives one sample; a list of indices (build_loader's batch sampler) gives the
+        # whole batch in one gather instead of batch_size calls and a collate.
+        if isinstance(i, list):
+            i = torch.as_tensor(i)
         return self.x[i], self.y[i]
-
-    def __getitems__(self, indices: list[int]):
-        # The DataLoader calls this with a whole batch of indices: one gather instead of
-        # batch_size __getitem__ calls and a collate.
-        idx = torch.as_tensor(indices)
-        return self.x[idx], self.y[idx]

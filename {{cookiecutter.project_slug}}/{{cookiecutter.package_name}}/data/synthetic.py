@@ -8,18 +8,37 @@ from __future__ import annotations
 
 import math
 
+from dataclasses import dataclass
+
 import torch
 
-from ..config import DataConfig
 from .in_memory import InMemoryDataset
 
 _SPLIT_SEEDS = {"train": 1, "val": 2}
 
 
+@dataclass
+class Options:
+    train_size: int = 4096  # samples in the training split
+    val_size: int = 1024  # samples in the validation split
+    image_size: int = 16  # height = width of the images
+    num_classes: int = 10  # number of classes
+
+    def checks(self):
+        return [
+            ("train_size", self.train_size >= 1, ">= 1"),
+            ("val_size", self.val_size >= 1, ">= 1"),
+            ("image_size", self.image_size >= 4, ">= 4"),
+            ("num_classes", self.num_classes >= 2, ">= 2"),
+        ]
+
+
 class SyntheticGratings(InMemoryDataset):
-    def __init__(self, cfg: DataConfig, split: str):
-        size, k = cfg.image_size, cfg.num_classes
-        n = cfg.train_size if split == "train" else cfg.val_size
+    Options = Options
+
+    def __init__(self, opts: Options, split: str):
+        size, k = opts.image_size, opts.num_classes
+        n = opts.train_size if split == "train" else opts.val_size
         g = torch.Generator().manual_seed(_SPLIT_SEEDS[split])
         labels = torch.randint(k, (n,), generator=g)
         phase = torch.rand(n, generator=g) * 2 * math.pi
@@ -33,5 +52,5 @@ class SyntheticGratings(InMemoryDataset):
         images = colour[labels][:, :, None, None] * wave[:, None]  # (n, 3, S, S)
         self.x = (images + 1.5 * torch.randn(images.shape, generator=g)).contiguous()
         self.y = labels
-        self.input_shape = (3, size, size)
         self.num_classes = k
+        self.meta = {"classes": [f"angle_{c}" for c in range(k)], "image_size": size}

@@ -1,4 +1,5 @@
-"""Your own data as tensor files: <data.root>/train.pt and val.pt, each {"x": (N, ...), "y": (N,)}.
+"""Your own arrays as tensor files: <data.root>/train.pt and (optionally) val.pt, each
+{"x": (N, ...), "y": (N, ...)}. Without val.pt, data.val_fraction of train.pt validates.
 
 Make them once from whatever arrays you have, e.g.
     x, y = torch.from_numpy(images).float(), torch.from_numpy(labels).long()
@@ -6,46 +7,67 @@ Make them once from whatever arrays you have, e.g.
 
 Checked at load, each problem reported on one line: x is a floating-point tensor of at least
 2 dims (float64 and float16 are converted to float32; integer images are refused, since their
-scale is unknown: convert them, e.g. x.float() / 255); y holds N integer class ids 0..K-1,
-where K counts the classes of train.pt; val.pt has the same sample shape. Grayscale images
-(N, H, W) get a channel dim, (N, 1, H, W), so the cnn can run on them.
+scale is unknown: convert them, e.g. x.float() / 255), or int64 token ids (N, T) with y the
+same shape (language modelling). y holds N integer class ids 0..K-1 (classification; K counts
+the classes of train.pt) or floats (N,) / (N, K) (regression). val.pt has the same sample
+shape. Grayscale images (N, H, W) get a channel dim, (N, 1, H, W), so the cnn can run on them.
 """
 
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..config import DataConfig
 from ..errors import ConfigError
 from .in_memory import InMemoryDataset
 
-FORMAT = '{"x": float tensor (N, ...), "y": int64 tensor (N,) of class ids 0..K-1}'
+FORMAT = (
+    '{"x": float tensor (N, ...), "y": int64 class ids (N,) or float targets (N,) / (N, K)}'
+)
+
+
+@dataclass
+class Options:
+    root: str = "data"  # folder holding train.pt and, optionally, val.pt
 
 
 class TensorFiles(InMemoryDataset):
-    def __init__(self, cfg: DataConfig, split: str):
-        path = Path(cfg.root) / f"{split}.pt"
-        self.x, self.y = _load(path, cfg.root, split)
-        self.input_shape = tuple(self.x.shape[1:])
-        if split == "train":
+    Options = Options
+
+    @staticmethod
+    def has_val_split(opts: Options) -> bool:
+        return (Path(opts.root) / "val.pt").is_file()
+
+    def __init__(self, opts: Options, split: str):
+        name = "val" if split == "val" else "train"
+        path = Path(opts.root) / f"{name}.pt"
+        self.x, self.y = _load(path, opts.root, name)
+        self.num_classes = self.num_targets = self.vocab_size = None
+        if self.y.dtype.is_floating_point:  # regression targets
+            self.num_targets = self.y[0].numel()
+        elif self.y.shape == self.x.shape:  # token ids in and out: language modelling
+            self.vocab_size = int(max(self.x.max(), self.y.max())) + 1
+        else:
             self.num_classes = int(self.y.max()) + 1
-            if self.num_classes < 2:
+            if self.num_classes < 2 and name == "train":
                 _refuse(path, "y holds class 0 only; a classifier needs at least 2 classes")
+        if name == "train":
             return
         # Classes and sample shape come from train.pt, so that train and val agree.
-        train = TensorFiles(cfg, "train")
-        self.num_classes = train.num_classes
-        if self.input_shape != train.input_shape:
-            _refuse(path, f"samples are {self.input_shape}, but {train.input_shape} in train.pt")
-        if int(self.y.max()) >= self.num_classes:
+        train = TensorFiles(opts, "train")
+        if self.x.shape[1:] != train.x.shape[1:]:
+            _refuse(path, f"samples are {tuple(self.x.shape[1:])}, but {tuple(train.x.shape[1:])} in train.pt")
+        if self.num_classes is not None and self.num_classes > (train.num_classes or 0):
             _refuse(
                 path,
                 f"y holds class {int(self.y.max())}, but train.pt has classes "
-                f"0..{self.num_classes - 1} only",
+                f"0..{(train.num_classes or 1) - 1} only",
             )
+        self.num_classes, self.num_targets = train.num_classes, train.num_targets
+        self.vocab_size = train.vocab_size and max(train.vocab_size, self.vocab_size or 0)
 
 
 def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,24 +99,27 @@ def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor
             _refuse(path, f"{key} is a {type(value).__name__}, not a tensor")
     if x.dim() < 2:
         _refuse(path, f"x has shape {tuple(x.shape)}; it needs a sample dim and a feature dim")
+    tokens = x.dtype == torch.int64 and y.shape == x.shape
     if x.dtype in (torch.float64, torch.float16, torch.bfloat16):
         x = x.float()  # models train in float32 (train.amp handles lower precision)
-    elif not x.dtype.is_floating_point:
+    elif not x.dtype.is_floating_point and not tokens:
         _refuse(path, f"x is {x.dtype}; convert it once, e.g. x.float() / 255 for 8-bit images")
     if x.dim() == 3:
         x = x.unsqueeze(1)  # (N, H, W) grayscale -> (N, 1, H, W)
-    if y.dim() != 1 or y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+    if y.dtype.is_complex or y.dtype == torch.bool or (
+        not y.dtype.is_floating_point and y.dim() != 1 and not tokens
+    ):
         _refuse(
             path,
             f"y is {y.dtype} of shape {tuple(y.shape)}; it needs class ids "
-            "(y.long(), or y.argmax(1) for one-hot rows)",
+            "(y.long(), or y.argmax(1) for one-hot rows) or float targets",
         )
     if len(x) != len(y):
         _refuse(path, f"x has {len(x)} samples but y has {len(y)} labels")
     if len(y) == 0:
         _refuse(path, "it holds no samples")
-    y = y.long()
-    if int(y.min()) < 0:
+    y = y.float() if y.dtype.is_floating_point else y.long()
+    if not y.dtype.is_floating_point and int(y.min()) < 0:
         _refuse(path, f"y holds {int(y.min())}; class ids start at 0")
     return x, y
 

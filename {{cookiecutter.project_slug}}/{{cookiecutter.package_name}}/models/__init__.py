@@ -1,4 +1,12 @@
-"""Model registry. To add a model: write models/<name>.py, then add one line to MODELS."""
+"""Model registry. To add a model: write models/<name>.py, then add one line to MODELS.
+
+A model class takes `(input_shape, num_outputs, opts)`: the shape of one input sample (e.g.
+(C, H, W), (F,) or (T,) for token ids), the size of its output's last dimension (classes,
+targets or vocabulary, from the task) and its `Options` dataclass (its keys in the config's
+`model:` section, beside `name`). It returns (N, num_outputs) or, for sequences, (N, T,
+num_outputs). Models that only run on certain data may set `example_input`, a function of the
+batch size giving an input they accept; tests/test_models.py feeds it.
+"""
 
 from __future__ import annotations
 
@@ -16,45 +24,50 @@ MODELS = {
 }
 
 
-def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Every model takes the input shape (C, H, W), the class count and the ModelConfig fields.
+def build_model(cfg: ModelConfig, example: torch.Tensor, num_outputs: int) -> nn.Module:
+    """The model of cfg for inputs like `example` (a batch of real samples, on the CPU).
 
-    The model is tried on a batch of two zero samples before it is returned, so a model that
-    cannot run on this data (a cnn too deep for small images, a cnn on feature vectors) or
-    does not fit in memory is reported here, naming the keys, before a run writes anything."""
+    The model runs on `example` before it is returned, so a model that cannot run on this data
+    (a cnn too deep for small images, a cnn on feature rows) or does not fit in memory is
+    reported here, naming the keys, before a run writes anything."""
     if cfg.name not in MODELS:
         raise ConfigError(
             f"model.name={cfg.name!r} is not a model; choose from {_choices(cfg.name)}"
         )
-    settings = f"model.name={cfg.name} (model.width={cfg.width}, model.depth={cfg.depth})"
+    options = ", ".join(f"model.{k}={v}" for k, v in vars(cfg.options).items())
+    settings = f"model.name={cfg.name}" + (f" ({options})" if options else "")
+    shape = tuple(example.shape[1:])
     try:
-        model = MODELS[cfg.name](
-            input_shape, num_classes, width=cfg.width, depth=cfg.depth, dropout=cfg.dropout
-        )
-        _try_forward(model, input_shape)
-    except (RuntimeError, MemoryError) as exc:
+        model = MODELS[cfg.name](shape, num_outputs, cfg.options)
+        output = _try_forward(model, example)
+    except (RuntimeError, MemoryError, ValueError, IndexError) as exc:
         if is_out_of_memory(exc) or "overflow" in str(exc).lower():
             raise ConfigError(
-                f"{settings} with {num_classes} classes does not fit in memory "
-                f"({first_line(exc)}); lower model.width or model.depth"
+                f"{settings} with {num_outputs} outputs does not fit in memory "
+                f"({first_line(exc)}); lower the model's size options"
             ) from exc
-        fixes = "lower model.depth or use larger inputs (data.image_size)"
-        if cfg.name != "mlp":
+        fixes = "change the model's options or the data"
+        if cfg.name != "mlp" and example.is_floating_point():
             fixes += ", or use model.name=mlp, which takes inputs of any shape"
         raise ConfigError(
-            f"{settings} cannot run on inputs of shape {tuple(input_shape)} from the data: "
-            f"{first_line(exc)}; {fixes}"
+            f"{settings} cannot run on inputs of shape {shape} ({example.dtype}) from the "
+            f"data: {first_line(exc)}; {fixes}"
         ) from exc
+    if output.shape[-1] != num_outputs:
+        raise ConfigError(
+            f"{settings} returns outputs of shape {tuple(output.shape)}, but the task needs "
+            f"{num_outputs} in the last dimension; its last layer must take num_outputs"
+        )
     return model
 
 
 @torch.no_grad()
-def _try_forward(model: nn.Module, input_shape: tuple[int, ...]) -> None:
+def _try_forward(model: nn.Module, example: torch.Tensor) -> torch.Tensor:
     # Eval mode: BatchNorm keeps its running statistics and dropout draws no random numbers,
     # so the check changes neither the model nor the RNG streams of the run.
     model.eval()
     try:
-        model(torch.zeros(2, *input_shape))
+        return model(example)
     finally:
         model.train()
 

@@ -3,22 +3,40 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 
-class MLP(nn.Module):
-    """`depth` Linear-GELU layers of `width` units, then a linear head."""
+@dataclass
+class Options:
+    width: int = 64  # hidden units per layer
+    depth: int = 2  # hidden layers
+    dropout: float = 0.1  # before the output layer
 
-    def __init__(self, input_shape, num_classes: int, width: int, depth: int, dropout: float):
+    def checks(self):
+        return [
+            ("width", self.width >= 1, ">= 1"),
+            ("depth", 0 <= self.depth <= 64, "between 0 and 64"),
+            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
+        ]
+
+
+class MLP(nn.Module):
+    """`depth` Linear-GELU layers of `width` units, then a linear head. Any input shape:
+    (N, F) feature rows or (N, C, H, W) images, flattened."""
+
+    Options = Options
+
+    def __init__(self, input_shape: tuple[int, ...], num_outputs: int, opts: Options):
         super().__init__()
         layers, features = [], math.prod(input_shape)
-        for _ in range(depth):
-            layers += [nn.Linear(features, width), nn.GELU()]
-            features = width
+        for _ in range(opts.depth):
+            layers += [nn.Linear(features, opts.width), nn.GELU()]
+            features = opts.width
         self.body = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(features, num_classes))
+        self.head = nn.Sequential(nn.Dropout(opts.dropout), nn.Linear(features, num_outputs))
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.flatten(1)  # (N, C, H, W) -> (N, C*H*W); reshape semantics, works on any layout
-        return self.head(self.body(x))  # -> (N, num_classes) logits
+        return self.head(self.body(x))  # -> (N, num_outputs): logits or values

@@ -1,0 +1,175 @@
+"""A CSV table: numeric feature columns and one label column, for classification or regression.
+
+    data:
+      name: csv
+      path: data/table.csv      # header row first; data.val_fraction of it validates
+      label: species            # the target column; every other column is a feature
+    task:
+      name: classification      # or regression (numeric labels)
+
+Labels are class names or numbers for classification (ids follow the sorted names) and numbers
+for regression. Features are standardised with the mean and standard deviation of the
+training rows only; those statistics, the feature names and the class names travel in every
+checkpoint (`meta`), so evaluation and prediction read new rows the same way.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from ..errors import ConfigError
+from .in_memory import InMemoryDataset
+
+
+@dataclass
+class Options:
+    path: str = "data/train.csv"  # the table (header row first)
+    val_path: str = ""  # a separate validation table with the same columns; "" = hold out
+    label: str = "label"  # the target column
+    features: str = ""  # comma-separated feature columns; "" = every column but the label
+    targets: Literal["auto", "class", "value"] = "auto"  # auto: what task.name needs
+    normalize: bool = True  # standardise features with the training rows' mean and std
+
+
+class CSVTable(InMemoryDataset):
+    Options = Options
+
+    @staticmethod
+    def has_val_split(opts: Options) -> bool:
+        return bool(opts.val_path)
+
+    def __init__(self, opts: Options, split: str):
+        self.opts = opts
+        path = Path(opts.val_path if split == "val" else opts.path)
+        key = "data.val_path" if split == "val" else "data.path"
+        self.features, self.x, labels = read_table(path, key, opts)
+        self.num_classes = self.num_targets = None
+        if opts.targets == "value":
+            self.y = _numbers(labels, path, opts.label).unsqueeze(1)  # (N, 1) targets
+            self.num_targets = 1
+            self.classes = None
+        else:
+            # Class ids follow the training table's sorted names, so train and val agree.
+            train_labels = labels if split != "val" else read_table(Path(opts.path), "data.path", opts)[2]
+            self.classes = _sorted_names(train_labels)
+            self.y = _class_ids(labels, self.classes, path, opts.label)
+            self.num_classes = len(self.classes)
+        self.meta = {"features": self.features, "label": opts.label, "classes": self.classes}
+
+    def prepare(self, indices, meta: dict | None) -> dict:
+        """Standardise with the statistics of the training rows `indices` (or `meta`'s)."""
+        if meta is not None:
+            if meta.get("features") != self.features or meta.get("classes") != self.classes:
+                raise ConfigError(
+                    f"{self.opts.path!r} has other columns or classes than the training run's "
+                    f"(features {meta.get('features')}, classes {meta.get('classes')}); "
+                    "evaluate on a table of the same layout"
+                )
+            mean, std = torch.tensor(meta["mean"]), torch.tensor(meta["std"])
+        elif self.opts.normalize:
+            rows = self.x[torch.as_tensor(list(indices))]
+            mean, std = rows.mean(0), rows.std(0, correction=0).clamp(min=1e-8)
+        else:
+            mean, std = torch.zeros(self.x.shape[1]), torch.ones(self.x.shape[1])
+        self.x = (self.x - mean) / std
+        self.meta = {**self.meta, "mean": mean.tolist(), "std": std.tolist()}
+        return self.meta
+
+
+def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Tensor, list[str]]:
+    """(feature names, features (N, F) float32, label strings) of a CSV file."""
+    if not path.is_file():
+        raise ConfigError(f"CSV file {str(path)!r} not found; set {key} to your table")
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError:
+        raise ConfigError(f"CSV file {str(path)!r} is not UTF-8 text; save it as UTF-8") from None
+    except csv.Error as exc:
+        raise ConfigError(f"CSV file {str(path)!r} cannot be read: {exc}") from None
+    rows = [row for row in rows if row]  # blank lines
+    if len(rows) < 2:
+        raise ConfigError(f"CSV file {str(path)!r} needs a header row and at least one data row")
+    header = [name.strip() for name in rows[0]]
+    if opts.label not in header:
+        raise ConfigError(
+            f"CSV file {str(path)!r} has no column {opts.label!r} (columns: "
+            f"{', '.join(header)}); set data.label to the target column"
+        )
+    wanted = [c.strip() for c in opts.features.split(",") if c.strip()] or [
+        c for c in header if c != opts.label
+    ]
+    missing = [c for c in wanted if c not in header]
+    if missing or not wanted or opts.label in wanted:
+        problem = f"no column {missing[0]!r}" if missing else "no feature columns besides the label"
+        raise ConfigError(f"CSV file {str(path)!r} has {problem}; check data.features")
+    columns = [header.index(c) for c in wanted]
+    label_at = header.index(opts.label)
+    values, labels = [], []
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise ConfigError(
+                f"CSV file {str(path)!r} line {line} has {len(row)} fields, the header "
+                f"{len(header)}; fix that row"
+            )
+        try:
+            values.append([float(row[i]) for i in columns])
+        except ValueError:
+            bad = next(i for i in columns if not _is_number(row[i]))
+            raise ConfigError(
+                f"CSV file {str(path)!r} line {line}: column {header[bad]!r} holds "
+                f"{row[bad]!r}, not a number; fill or drop that value, or leave the column out "
+                "of data.features"
+            ) from None
+        labels.append(row[label_at].strip())
+    x = torch.tensor(values, dtype=torch.float32)
+    if not torch.isfinite(x).all():
+        line = int((~torch.isfinite(x)).any(1).nonzero()[0]) + 2
+        raise ConfigError(f"CSV file {str(path)!r} line {line} holds inf or nan; fix that row")
+    return wanted, x, labels
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _sorted_names(labels: list[str]) -> list[str]:
+    names = set(labels)
+    numeric = all(_is_number(n) for n in names)
+    return sorted(names, key=float) if numeric else sorted(names)
+
+
+def _class_ids(labels: list[str], classes: list[str], path: Path, column: str) -> torch.Tensor:
+    index = {name: i for i, name in enumerate(classes)}
+    unknown = next((name for name in labels if name not in index), None)
+    if unknown is not None:
+        raise ConfigError(
+            f"CSV file {str(path)!r}: column {column!r} holds class {unknown!r}, which the "
+            "training table does not have"
+        )
+    if len(classes) < 2:
+        raise ConfigError(
+            f"CSV file {str(path)!r}: column {column!r} holds one class only; a classifier "
+            "needs two or more (or use task.name=regression)"
+        )
+    return torch.tensor([index[name] for name in labels], dtype=torch.int64)
+
+
+def _numbers(labels: list[str], path: Path, column: str) -> torch.Tensor:
+    try:
+        return torch.tensor([float(v) for v in labels], dtype=torch.float32)
+    except ValueError:
+        bad = next(v for v in labels if not _is_number(v))
+        raise ConfigError(
+            f"CSV file {str(path)!r}: column {column!r} holds {bad!r}, not a number, and "
+            "regression needs numeric targets (or use task.name=classification)"
+        ) from None

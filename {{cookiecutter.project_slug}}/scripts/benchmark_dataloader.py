@@ -5,9 +5,9 @@ and suggest one.
     python scripts/benchmark_dataloader.py --config configs/experiments/x.yaml data.name=tensors
     python scripts/benchmark_dataloader.py --workers 0 2 4 8 --batches 200 --json
 
-The loader is built exactly as training builds it (build_dataset / build_loader from the config
-file and key=value overrides; train.batch_size; pinned memory when CUDA is present) and iterated
-with no model. The time to the first batch (worker start-up) and a few warm-up batches are left
+The loader is built exactly as training builds it (trainer.build_data / build_loader from the
+config file and key=value overrides; train.batch_size; pinned memory when CUDA is present) and
+iterated with no model. The time to the first batch (worker start-up) and a few warm-up batches are left
 out of the rate; each rate is the median of --repeats windows of --batches batches. If the loader
 delivers many more batches/s than training takes steps/s, data loading is not the bottleneck.
 """
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from {{ cookiecutter.package_name }} import config, data, errors
+from {{ cookiecutter.package_name }} import config, data, errors, trainer
 
 WITHIN = 0.10  # suggest the fewest workers whose rate is within 10% of the best
 
@@ -46,7 +46,7 @@ def endless(loader):
     """Batches across epoch boundaries, reshuffling as training does."""
     epoch = 0
     while True:
-        loader.sampler.set_epoch(epoch)
+        data.set_epoch(loader, epoch)
         yield from loader
         epoch += 1
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config.load_config(args.config, args.overrides)
-        dataset = data.build_dataset(cfg.data, "train")
+        dataset = trainer.build_data(cfg)[0]
     except errors.UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,9 +8,9 @@ torch.compile, peak memory, and model FLOPs utilisation (MFU).
 A step is what the trainer does per batch: forward under autocast, the task's loss, backward,
 gradient clipping, AdamW (fused where the trainer fuses it), zero_grad. The input is one real
 training batch already on the device, so data loading is left out
-(scripts/benchmark_dataloader.py measures it). Each variant gets a fresh model; its first steps (and compilation) are timed
-separately as warm-up; the rate is the median of --repeats windows of --steps steps, each
-closed by a device synchronize. FLOPs per step are counted once with
+(scripts/benchmark_dataloader.py measures it). Each variant gets a fresh model; its first steps
+(and compilation) are timed separately as warm-up; the rate is the median of --repeats windows
+of --steps steps, each closed by a device synchronize. FLOPs per step are counted once with
 torch.utils.flop_counter.FlopCounterMode (matmuls and convolutions, forward + backward), and
 MFU = achieved FLOP/s / the GPU's peak dense bf16 FLOP/s from PEAK_BF16_TFLOPS (n/a on CPU or an
 unknown GPU; --peak-tflops sets it). fp32 uses TF32 when train.tf32 is on, as training does.

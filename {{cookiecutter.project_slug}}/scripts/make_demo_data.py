@@ -26,7 +26,7 @@ def write_csv(out: Path) -> list[Path]:
     y = 2 * x[:, 0] - x[:, 1] + 0.5 * x[:, 2] * x[:, 3] + torch.sin(2 * x[:, 4])
     y = y + 0.1 * torch.randn(2000, generator=g)
     regression = _table(out / "regression.csv", [f"x{i}" for i in range(8)], x, "y", y.tolist())
-    centres = 1.2 * torch.randn(3, 20, generator=g)
+    centres = 0.5 * torch.randn(3, 20, generator=g)  # overlapping: about 90% is attainable
     labels = torch.randint(3, (2000,), generator=g)
     rows = centres[labels] + torch.randn(2000, 20, generator=g)
     names = ["setosa", "versicolor", "virginica"]

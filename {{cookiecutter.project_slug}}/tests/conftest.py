@@ -39,6 +39,16 @@ def pytest_configure(config):
     )
 
 
+SYNTHETIC_OPTIONS = ("data.train_size=", "data.val_size=", "data.image_size=", "data.num_classes=")
+
+
+def tiny_with(tiny: list[str], *extra: str) -> list[str]:
+    """`tiny` plus `extra`; when `extra` chooses another dataset, without the synthetic data's
+    sizes (options of a dataset the run does not use are refused)."""
+    other = any(a.startswith("data.name=") and a != "data.name=synthetic" for a in extra)
+    return [a for a in tiny if not (other and a.startswith(SYNTHETIC_OPTIONS))] + list(extra)
+
+
 @pytest.fixture
 def tiny(tmp_path) -> list[str]:
     """Overrides for a tiny CPU run writing under tmp_path."""
@@ -61,7 +71,12 @@ def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: P
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        # The package is importable from any cwd, installed or not (PYTHONPATH=. in a checkout).
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            **(env or {}),
+        },
     )
 
 

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, tiny_with
 
 from {{ cookiecutter.package_name }} import checkpoint, cli
 
-EXPECTED_FORMAT = '{"x": float tensor (N, ...), "y": int64 tensor (N,) of class ids 0..K-1}'
+EXPECTED_FORMAT = (
+    '{"x": float tensor (N, ...), "y": int64 class ids (N,) or float targets (N,) / (N, K)}'
+)
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -114,13 +116,20 @@ BEFORE_WRITING = {
     "log_every -1": (args("run.log_every=-1"), "run.log_every must be >= 1"),
     "batch 10**12": (args("train.batch_size=1000000000000"), "exceeds the 256 training samples"),
     "fp16 on cpu": (args("train.amp=fp16"), "train.amp=fp16 needs a GPU"),
-    "unknown model": (args("model.name=resnet"), "model.name='resnet' is not a model"),
-    "unknown dataset": (args("data.name=imagenet"), "data.name='imagenet' is not a dataset"),
+    "unknown model": (
+        args("model.name=resnet"),
+        "model.name='resnet' is not one of the registered choices cnn, mlp",
+    ),
+    "unknown dataset": (
+        args("data.name=imagenet"),
+        "data.name='imagenet' is not one of the registered choices synthetic",
+    ),
     "missing resume": (args("train.resume=/no/such/ckpt.pt"), "'/no/such/ckpt.pt' not found"),
     # A model that cannot run on the data, or does not fit in memory
     "cnn too deep": (
         args("model.depth=6"),
-        "model.name=cnn (model.width=8, model.depth=6) cannot run on inputs of shape (3, 8, 8)",
+        "model.name=cnn (model.width=8, model.depth=6, model.dropout=0.1) cannot run on inputs "
+        "of shape (3, 8, 8)",
     ),
     "width 10**6": (args("model.width=1000000"), "does not fit in memory"),
     "width 10**18": (args(f"model.width={10**18}"), "lower model.width or model.depth"),
@@ -148,7 +157,7 @@ BEFORE_WRITING = {
         tensor_files({"x": X, "y": Y}, {"x": X, "y": Y + 1}),
         "y holds class 4, but train.pt has classes 0..3 only",
     ),
-    "float labels": (tensor_files({"x": X, "y": Y.float()}), "y.long()"),
+    "float labels": (tensor_files({"x": X, "y": Y.float()}), "use task.name=regression, or"),
     "one-hot labels": (
         tensor_files({"x": X, "y": torch.nn.functional.one_hot(Y)}),
         "y.argmax(1) for one-hot rows",
@@ -168,7 +177,7 @@ BEFORE_WRITING = {
 
 @pytest.mark.parametrize(("prepare", "message"), BEFORE_WRITING.values(), ids=list(BEFORE_WRITING))
 def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, tiny, capsys, prepare, message):
-    argv = [*tiny, *prepare(tmp_path)]
+    argv = tiny_with(tiny, *prepare(tmp_path))
     before = snapshot(tmp_path)
     assert_one_line(*train(argv, capsys), message)
     assert_unchanged(before, tmp_path)
@@ -176,7 +185,7 @@ def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, tiny, capsys, pre
 
 
 def test_tensor_file_message_states_the_expected_format(tmp_path, tiny, capsys):
-    argv = [*tiny, *tensor_files({"x": X, "y": Y[:10]})(tmp_path)]
+    argv = tiny_with(tiny, *tensor_files({"x": X, "y": Y[:10]})(tmp_path))
     assert_one_line(*train(argv, capsys), FORMAT)
 
 
@@ -184,7 +193,7 @@ def test_bad_input_in_a_real_process_gives_one_line(tmp_path, tiny):
     """The script itself: exit status and stderr as a user sees them (torch's own message
     for pickled code is seven lines)."""
     data = tensor_files({"x": X, "y": Y, "hook": os.system})(tmp_path)
-    proc = run_script("scripts/train.py", *tiny, *data)
+    proc = run_script("scripts/train.py", *tiny_with(tiny, *data))
     assert_one_line(proc.returncode, proc.stderr, "holds pickled Python objects")
     assert not (tmp_path / "runs").exists()
 
@@ -197,7 +206,7 @@ def test_debug_shows_the_traceback(tiny):
 def test_grayscale_float64_images_train_with_the_cnn(tmp_path, tiny, capsys):
     """sklearn's digits as saved from numpy: float64 (N, 8, 8) get float32 and a channel."""
     data = tensor_files({"x": torch.rand(64, 8, 8, dtype=torch.float64) * 16, "y": Y})(tmp_path)
-    assert train([*tiny, *data, "train.max_steps=1"], capsys) == (0, "")
+    assert train(tiny_with(tiny, *data, "train.max_steps=1"), capsys) == (0, "")
     state = checkpoint.load(tmp_path / "runs" / "default" / "last.pt")
     assert state["model"]["features.0.layers.0.weight"].shape[1] == 1  # one input channel
 
@@ -357,7 +366,7 @@ def test_other_os_errors_keep_their_traceback(tiny, monkeypatch):
 
 def test_evaluate_on_data_that_does_not_fit_gives_one_line(tmp_path, tiny, capsys):
     data = tensor_files({"x": X, "y": Y})(tmp_path)
-    assert train([*tiny, *data, "train.max_steps=1"], capsys)[0] == 0
+    assert train(tiny_with(tiny, *data, "train.max_steps=1"), capsys)[0] == 0
     torch.save({"x": X, "y": Y + 3}, tmp_path / "data" / "val.pt")  # classes 3..6 of 0..3
     before = snapshot(tmp_path)
     last = in_runs(tmp_path, "default", "last.pt")

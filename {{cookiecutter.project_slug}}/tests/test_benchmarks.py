@@ -7,13 +7,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import ROOT, TINY, run_script
 
-from {{ cookiecutter.package_name }}.config import ModelConfig
+from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.tasks import build_task
 
 
 def load_script(name: str):
@@ -82,15 +84,16 @@ def test_known_gpus_map_to_their_peak_and_specific_names_win():
 
 
 def test_flop_count_is_the_matmul_count_and_scales_with_the_batch():
-    cfg = ModelConfig(name="mlp", width=16, depth=1, dropout=0.0)
-    model = build_model(cfg, (1, 2, 2), 3)  # Linear 4 -> 16, Linear 16 -> 3
+    cfg = load_config(None, ["model.name=mlp", "model.width=16", "model.depth=1"])
     x, y = torch.randn(8, 1, 2, 2), torch.randint(3, (8,))
+    model = build_model(cfg.model, x[:2], 3)  # Linear 4 -> 16, Linear 16 -> 3
+    task = build_task(cfg.task, SimpleNamespace(num_classes=3))
     forward = 2 * 8 * (4 * 16 + 16 * 3)
     # backward: weight gradients of both layers (= forward) + the hidden layer's input gradient
     backward = forward + 2 * 8 * 16 * 3
-    assert gpu_bench.count_flops(model, x, y) == forward + backward
+    assert gpu_bench.count_flops(model, task, x, y) == forward + backward
     assert all(p.grad is None for p in model.parameters())
-    double = gpu_bench.count_flops(model, torch.cat([x, x]), torch.cat([y, y]))
+    double = gpu_bench.count_flops(model, task, torch.cat([x, x]), torch.cat([y, y]))
     assert double == 2 * (forward + backward)
 
 

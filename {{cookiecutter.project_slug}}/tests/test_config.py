@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import yaml
 from conftest import CONFIGS
@@ -143,13 +142,31 @@ def test_a_component_s_options_are_typed_and_checked():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["data.imag_size=8"], "unknown config key 'data.imag_size' (did you mean 'data.image_size'?)"),
-        (["data.root=x"], "data.root is not an option of data.name=synthetic; it belongs to data.name=tensors"),
+        (
+            ["data.imag_size=8"],
+            "unknown config key 'data.imag_size' (did you mean 'data.image_size'?)",
+        ),
+        (
+            ["data.root=x"],
+            "data.root is not an option of data.name=synthetic; it belongs to data.name=tensors",
+        ),
         (["model.name=mlp", "model.widht=8"], "(did you mean 'model.width'?)"),
-        (["data.name=csv", "data.image_size=8"], "data.image_size is not an option of data.name=csv"),
-        (["train.best_metric=r2"], "train.best_metric='r2' is not a metric of task.name=classification"),
-        (["task.name=regression", "train.best_metric=acc"], "choose auto or one of rmse, mae, r2, loss"),
-        (["task.name=regression", "train.best_metric=r2", "train.best_mode=min"], "would keep the worst r2"),
+        (
+            ["data.name=csv", "data.image_size=8"],
+            "data.image_size is not an option of data.name=csv",
+        ),
+        (
+            ["train.best_metric=r2"],
+            "train.best_metric='r2' is not a metric of task.name=classification",
+        ),
+        (
+            ["task.name=regression", "train.best_metric=acc"],
+            "choose auto or one of rmse, mae, r2, loss",
+        ),
+        (
+            ["task.name=regression", "train.best_metric=r2", "train.best_mode=min"],
+            "would keep the worst r2",
+        ),
     ],
 )
 def test_component_options_errors_name_the_key_and_the_fix(overrides, message):

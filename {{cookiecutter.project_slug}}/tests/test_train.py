@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, tiny_with
 
 from {{ cookiecutter.package_name }} import checkpoint, cli
 from {{ cookiecutter.package_name }}.config import load_config
@@ -170,7 +170,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         (tmp_path / name).mkdir()
         for split in ("train", "val"):
             torch.save({"x": inputs, "y": y}, tmp_path / name / f"{split}.pt")
-    data = [*tiny, "data.name=tensors", "train.batch_size=8", "data.num_workers=0"]
+    data = tiny_with(tiny, "data.name=tensors", "train.batch_size=8", "data.num_workers=0")
     fit(load_config(None, [*data, "train.epochs=1", f"data.root={tmp_path / 'good'}"]))
     good = checkpoint.load(f"{run_dir(tiny)}/last.pt")
     proc = run_script(
@@ -209,4 +209,4 @@ def test_tensorboard_events_and_the_runs_table_are_written(tiny):
     events = list(Path(run_dir(tiny), "tb").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
     runs = Path(load_config(None, tiny).run.output_dir, "runs.csv").read_text().splitlines()
-    assert runs[0].startswith("finished,run,model") and len(runs) == 2
+    assert runs[0].startswith("finished,run,task,model") and len(runs) == 2

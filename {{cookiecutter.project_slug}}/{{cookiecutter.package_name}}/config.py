@@ -40,7 +40,9 @@ class DataConfig:
     num_workers: int = 0  # loader processes (at most 256); 0 suits in-memory data
     pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies (CUDA only)
     val_fraction: float = 0.1  # held out for validation when a dataset has no val split of its own
-    split_seed: int = 0  # shuffles the validation split and the folds; not run.seed, so seeds share them
+    split_seed: int = (
+        0  # shuffles the validation split and the folds; not run.seed, so seeds share them
+    )
     folds: int = 0  # k-fold: K >= 2 splits the training split into K folds; 0 = off (own val)
     fold: int = 0  # k-fold: the fold used for validation, 0..folds-1; the rest trains
     options: Any = None  # the chosen dataset's Options (data/<name>.py): flat keys in YAML
@@ -79,7 +81,7 @@ class TrainConfig:
     resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
     keep_last: int = 2  # step checkpoints kept besides best.pt
-    best_metric: str = "auto"  # validation metric that picks best.pt; auto: the task's first (acc, rmse, perplexity)
+    best_metric: str = "auto"  # validation metric that picks best.pt; auto: the task's first
     best_mode: Literal["auto", "max", "min"] = "auto"  # auto: the metric's own (acc max, loss min)
 
 
@@ -102,7 +104,9 @@ class Config:
         directions = components("task")[self.task.name].metrics
         metric = self.train.best_metric
         metric = next(iter(directions)) if metric == "auto" else metric
-        return metric, directions[metric] if self.train.best_mode == "auto" else self.train.best_mode
+        return metric, directions[
+            metric
+        ] if self.train.best_mode == "auto" else self.train.best_mode
 
 
 _SECTIONS = {
@@ -127,7 +131,7 @@ def components(section: str) -> dict:
 
 
 def options_type(section: str, name: str) -> type:
-    """The Options dataclass of component `name` of `section`; a ConfigError for an unknown name."""
+    """The Options dataclass of component `name` of `section`; ConfigError for unknown names."""
     registry = components(section)
     if name not in registry:
         close = closest(name, registry)
@@ -150,22 +154,23 @@ def load_config(
     """Defaults, then the file at `path` (or the dict `base`, e.g. a checkpoint's config),
     then `key=value` overrides; validated."""
     data: dict = _read_file(Path(path), seen=()) if path else _merge({}, base or {})
+    # All overrides form one layer, so their order does not matter: model.width=8
+    # model.name=mlp sets the mlp's width (a component's options from the layers below are
+    # dropped when a layer chooses another component).
+    top: dict = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not key=value, e.g. train.epochs=3")
         *parents, leaf = key.strip().split(".")
-        node = top = {}
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = _parse_value(item, raw)
-        node = data
+        node, below = top, data
         for part in parents:  # each part before the key must be a section, not a value
-            node = node.get(part) if isinstance(node, dict) else None
-            if node is not None and not isinstance(node, dict):
+            below = below.get(part) if isinstance(below, dict) else None
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict) or not isinstance(below, dict | None):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
-        data = _merge(data, top)
-    cfg = from_dict(data)
+        node[leaf] = _parse_value(item, raw)
+    cfg = from_dict(_merge(data, top))
     validate(cfg)
     return cfg
 
@@ -430,7 +435,10 @@ def _build_component(cls, data: dict, prefix: str):
     for key in data:
         if key not in common | own:
             raise ConfigError(_unknown_option(section, name, str(key), common | own))
-    values = {k: _coerce(data[k], typing.get_type_hints(cls)[k], prefix + k) for k in common & data.keys()}
+    values = {
+        k: _coerce(data[k], typing.get_type_hints(cls)[k], prefix + k)
+        for k in common & data.keys()
+    }
     options = _build(options_cls, {k: v for k, v in data.items() if k in own}, prefix)
     return cls(**values, options=options)
 

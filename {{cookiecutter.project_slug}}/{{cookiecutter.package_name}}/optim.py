@@ -1,4 +1,4 @@
-"""Optimizer, learning-rate schedule and the batch-size scaling rule (seed §5.4)."""
+"""Optimizer, learning-rate schedule and the batch-size scaling rule."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ from .data import build_datasets, build_loader, example_inputs, set_epoch, sourc
 from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
-from .tasks import TASKS, build_task
 from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
 from .run_folder import RunFolder
+from .tasks import TASKS, build_task
 from .utils.device import (
     autocast,
     check_amp,

@@ -55,7 +55,9 @@ class CSVTable(InMemoryDataset):
             self.classes = None
         else:
             # Class ids follow the training table's sorted names, so train and val agree.
-            train_labels = labels if split != "val" else read_table(Path(opts.path), "data.path", opts)[2]
+            train_labels = (
+                labels if split != "val" else read_table(Path(opts.path), "data.path", opts)[2]
+            )
             self.classes = _sorted_names(train_labels)
             self.y = _class_ids(labels, self.classes, path, opts.label)
             self.num_classes = len(self.classes)
@@ -106,7 +108,9 @@ def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Te
     ]
     missing = [c for c in wanted if c not in header]
     if missing or not wanted or opts.label in wanted:
-        problem = f"no column {missing[0]!r}" if missing else "no feature columns besides the label"
+        problem = (
+            f"no column {missing[0]!r}" if missing else "no feature columns besides the label"
+        )
         raise ConfigError(f"CSV file {str(path)!r} has {problem}; check data.features")
     columns = [header.index(c) for c in wanted]
     label_at = header.index(opts.label)

@@ -1,4 +1,4 @@
-"""Base for datasets held in memory as two tensors: inputs `x` (N, ...) and targets `y` (N, ...)."""
+"""Base for datasets held in memory as two tensors: inputs `x` (N, ...), targets `y` (N, ...)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ phase and Gaussian noise, so a model must learn orientation, not memorise pixels
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch

@@ -24,9 +24,7 @@ import torch
 from ..errors import ConfigError
 from .in_memory import InMemoryDataset
 
-FORMAT = (
-    '{"x": float tensor (N, ...), "y": int64 class ids (N,) or float targets (N,) / (N, K)}'
-)
+FORMAT = '{"x": float tensor (N, ...), "y": int64 class ids (N,) or float targets (N,) / (N, K)}'
 
 
 @dataclass
@@ -59,7 +57,11 @@ class TensorFiles(InMemoryDataset):
         # Classes and sample shape come from train.pt, so that train and val agree.
         train = TensorFiles(opts, "train")
         if self.x.shape[1:] != train.x.shape[1:]:
-            _refuse(path, f"samples are {tuple(self.x.shape[1:])}, but {tuple(train.x.shape[1:])} in train.pt")
+            _refuse(
+                path,
+                f"samples are {tuple(self.x.shape[1:])}, but "
+                f"{tuple(train.x.shape[1:])} in train.pt",
+            )
         if self.num_classes is not None and self.num_classes > (train.num_classes or 0):
             _refuse(
                 path,
@@ -106,8 +108,10 @@ def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor
         _refuse(path, f"x is {x.dtype}; convert it once, e.g. x.float() / 255 for 8-bit images")
     if x.dim() == 3:
         x = x.unsqueeze(1)  # (N, H, W) grayscale -> (N, 1, H, W)
-    if y.dtype.is_complex or y.dtype == torch.bool or (
-        not y.dtype.is_floating_point and y.dim() != 1 and not tokens
+    if (
+        y.dtype.is_complex
+        or y.dtype == torch.bool
+        or (not y.dtype.is_floating_point and y.dim() != 1 and not tokens)
     ):
         _refuse(
             path,

@@ -44,7 +44,7 @@ def build_model(cfg: ModelConfig, example: torch.Tensor, num_outputs: int) -> nn
         if is_out_of_memory(exc) or "overflow" in str(exc).lower():
             raise ConfigError(
                 f"{settings} with {num_outputs} outputs does not fit in memory "
-                f"({first_line(exc)}); lower the model's size options"
+                f"({first_line(exc)}); lower {_size_keys(cfg)}"
             ) from exc
         fixes = "change the model's options or the data"
         if cfg.name != "mlp" and example.is_floating_point():
@@ -70,6 +70,11 @@ def _try_forward(model: nn.Module, example: torch.Tensor) -> torch.Tensor:
         return model(example)
     finally:
         model.train()
+
+
+def _size_keys(cfg: ModelConfig) -> str:
+    sizes = [f"model.{k}" for k, v in vars(cfg.options).items() if type(v) is int]
+    return " or ".join(sizes) or "the model's size"
 
 
 def _choices(name: str) -> str:

@@ -27,9 +27,11 @@ class Classification:
         self.label_smoothing = opts.label_smoothing
         self.num_outputs = getattr(data, "num_classes", None)
         if not self.num_outputs:
+            found = "values (floats)" if getattr(data, "num_targets", None) else "no class ids"
             raise ConfigError(
-                "task.name=classification needs class labels, but the dataset has no "
-                "num_classes; choose a dataset with class labels or another task.name"
+                f"task.name=classification needs class ids, but the dataset's targets are "
+                f"{found}; use task.name=regression, or convert the labels to class ids "
+                "(e.g. y.long())"
             )
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,7 @@ class MetricLogger:
 
 
 def record_run(output_dir: Path, row: dict) -> None:
-    """The run's line in <output_dir>/runs.csv, the table of experiments (seed §6.3): one row
+    """The run's line in <output_dir>/runs.csv, the table of experiments: one row
     per run, replaced when the run is extended, under one header (the union of all rows')."""
     path = output_dir / "runs.csv"
     row = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row}

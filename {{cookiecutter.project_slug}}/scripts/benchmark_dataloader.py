@@ -7,9 +7,10 @@ and suggest one.
 
 The loader is built exactly as training builds it (trainer.build_data / build_loader from the
 config file and key=value overrides; train.batch_size; pinned memory when CUDA is present) and
-iterated with no model. The time to the first batch (worker start-up) and a few warm-up batches are left
-out of the rate; each rate is the median of --repeats windows of --batches batches. If the loader
-delivers many more batches/s than training takes steps/s, data loading is not the bottleneck.
+iterated with no model. The time to the first batch (worker start-up) and a few warm-up batches
+are left out of the rate; each rate is the median of --repeats windows of --batches batches. If
+the loader delivers many more batches/s than training takes steps/s, data loading is not the
+bottleneck.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ EXPECTED = {
     "configs/default.yaml",
     "configs/experiments/smoke.yaml",
     "configs/experiments/mlp_large_batch.yaml",
+    "configs/experiments/csv_regression.yaml",
     "scripts/train.py",
     "scripts/evaluate.py",
     "scripts/smoke.py",
@@ -42,6 +43,7 @@ EXPECTED = {
     "scripts/benchmark_gpu.py",
     "scripts/gpu_check.py",
     "scripts/sweep.py",
+    "scripts/make_demo_data.py",
     "PKG/__init__.py",
     "PKG/cli.py",
     "PKG/config.py",
@@ -62,6 +64,11 @@ EXPECTED = {
     "PKG/data/tensor_files.py",
     "PKG/data/in_memory.py",
     "PKG/data/folds.py",
+    "PKG/data/csv_table.py",
+    "PKG/tasks/__init__.py",
+    "PKG/tasks/classification.py",
+    "PKG/tasks/regression.py",
+    "PKG/tasks/language_model.py",
     "PKG/models/__init__.py",
     "PKG/models/cnn.py",
     "PKG/models/mlp.py",
@@ -73,7 +80,9 @@ EXPECTED = {
     "tests/test_config.py",
     "tests/test_models.py",
     "tests/test_train.py",
-    "tests/test_folds.py",
+    "tests/test_splits.py",
+    "tests/test_csv.py",
+    "tests/test_extending.py",
     "tests/test_faults.py",
     "tests/test_resume.py",
     "tests/test_devices.py",
@@ -204,7 +213,8 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "data/train.pt",
         "data/val.pt",
         "checkpoints/runs.csv",
-        "my_pytorch_project/data/my_data.py",  # the README's example of a new file
+        "my_pytorch_project/data/my_data.py",  # the README's examples of new files
+        "my_pytorch_project/models/my_net.py",
     }
     missing = sorted(p for p in named - generated if not (project / p).exists())
     assert len(named) > 8 and not missing, missing

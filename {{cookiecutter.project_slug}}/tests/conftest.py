@@ -39,14 +39,25 @@ def pytest_configure(config):
     )
 
 
-SYNTHETIC_OPTIONS = ("data.train_size=", "data.val_size=", "data.image_size=", "data.num_classes=")
-
-
 def tiny_with(tiny: list[str], *extra: str) -> list[str]:
-    """`tiny` plus `extra`; when `extra` chooses another dataset, without the synthetic data's
-    sizes (options of a dataset the run does not use are refused)."""
-    other = any(a.startswith("data.name=") and a != "data.name=synthetic" for a in extra)
-    return [a for a in tiny if not (other and a.startswith(SYNTHETIC_OPTIONS))] + list(extra)
+    """`tiny` plus `extra`; where `extra` chooses another dataset, model or task, without
+    tiny's options that the new choice does not have (they would be refused)."""
+    import dataclasses
+
+    from {{ cookiecutter.package_name }} import config
+
+    chosen = dict(a.split("=", 1) for a in extra if a.split("=")[0].endswith(".name"))
+    kept = []
+    for arg in tiny:
+        section, _, key = arg.split("=")[0].partition(".")
+        name = chosen.get(f"{section}.name")
+        if name is not None and section in config.COMPONENTS:
+            common = {f.name for f in dataclasses.fields(config._SECTIONS[section])}
+            own = {f.name for f in dataclasses.fields(config.options_type(section, name))}
+            if key not in common | own:
+                continue
+        kept.append(arg)
+    return kept + list(extra)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ EXPECTED = {
     "configs/default.yaml",
     "configs/experiments/smoke.yaml",
     "configs/experiments/mlp_large_batch.yaml",
+    "configs/experiments/char_lm.yaml",
     "scripts/train.py",
     "scripts/evaluate.py",
     "scripts/smoke.py",
@@ -62,9 +63,11 @@ EXPECTED = {
     "PKG/data/tensor_files.py",
     "PKG/data/in_memory.py",
     "PKG/data/folds.py",
+    "PKG/data/text.py",
     "PKG/models/__init__.py",
     "PKG/models/cnn.py",
     "PKG/models/mlp.py",
+    "PKG/models/transformer.py",
     "PKG/utils/__init__.py",
     "PKG/utils/device.py",
     "PKG/utils/logger.py",
@@ -84,6 +87,7 @@ EXPECTED = {
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
     "tests/test_sweep.py",
+    "tests/test_text.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

@@ -208,6 +208,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "data/train.pt",
         "data/val.pt",
         "checkpoints/runs.csv",
+        "data/demo/text.txt",  # written by scripts/make_demo_data.py text
         "my_pytorch_project/data/my_data.py",  # the README's example of a new file
     }
     missing = sorted(p for p in named - generated if not (project / p).exists())

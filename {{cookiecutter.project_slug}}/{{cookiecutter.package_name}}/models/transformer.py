@@ -105,6 +105,11 @@ class Transformer(nn.Module):
             for layer in (block.proj, block.mlp[-1]):
                 nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * opts.depth))
 
+    def fsdp_blocks(self) -> list[Block]:
+        # The units to shard one by one: the blocks, also when depth=1 (with one block, the
+        # search for repeated modules would pick the two Linear layers inside its MLP).
+        return list(self.blocks)
+
     def forward(self, x: Tensor) -> Tensor:
         if x.is_floating_point():
             raise ValueError("the transformer takes int64 token ids, not float features")

@@ -33,6 +33,7 @@ EXPECTED = {
     "configs/experiments/smoke.yaml",
     "configs/experiments/mlp_large_batch.yaml",
     "configs/experiments/csv_regression.yaml",
+    "configs/experiments/char_lm.yaml",
     "scripts/train.py",
     "scripts/evaluate.py",
     "scripts/smoke.py",
@@ -69,9 +70,11 @@ EXPECTED = {
     "PKG/tasks/classification.py",
     "PKG/tasks/regression.py",
     "PKG/tasks/language_model.py",
+    "PKG/data/text.py",
     "PKG/models/__init__.py",
     "PKG/models/cnn.py",
     "PKG/models/mlp.py",
+    "PKG/models/transformer.py",
     "PKG/utils/__init__.py",
     "PKG/utils/device.py",
     "PKG/utils/logger.py",
@@ -93,6 +96,7 @@ EXPECTED = {
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
     "tests/test_sweep.py",
+    "tests/test_text.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).
@@ -215,6 +219,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "checkpoints/runs.csv",
         "my_pytorch_project/data/my_data.py",  # the README's examples of new files
         "my_pytorch_project/models/my_net.py",
+        "data/demo/text.txt",  # written by scripts/make_demo_data.py text
     }
     missing = sorted(p for p in named - generated if not (project / p).exists())
     assert len(named) > 8 and not missing, missing

@@ -3,6 +3,7 @@ configs in configs/experiments/ and for trying the data formats before using you
 
     python scripts/make_demo_data.py              # all of them
     python scripts/make_demo_data.py csv          # only data/demo/regression.csv, classes.csv
+    python scripts/make_demo_data.py text         # only data/demo/text.txt
     python scripts/make_demo_data.py --out /tmp/demo csv
 
 Each is seeded: the same files every time.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import random
 import sys
 from pathlib import Path
 
@@ -51,7 +53,55 @@ def _table(path: Path, columns: list[str], x: torch.Tensor, label: str, y: list)
     return path
 
 
-WRITERS = {"csv": write_csv}
+def write_text(out: Path) -> list[Path]:
+    """text.txt: ~150 KB of sentences from a small grammar (subject, verb, object, place, with
+    number agreement), for character-level language modelling. Words and the grammar are
+    learnable; which word comes next is random, so a model cannot reach perplexity 1."""
+    rng = random.Random(0)
+    nouns = {
+        "cat": "cats", "dog": "dogs", "bird": "birds", "child": "children", "fox": "foxes",
+        "farmer": "farmers", "teacher": "teachers", "horse": "horses", "baker": "bakers",
+        "sailor": "sailors",
+    }  # fmt: skip
+    verbs = {
+        "see": "sees", "like": "likes", "follow": "follows", "carry": "carries", "find": "finds",
+        "watch": "watches", "help": "helps", "chase": "chases",
+    }  # fmt: skip
+    adjectives = ["small", "old", "quick", "quiet", "happy", "brown", "clever", "tired"]
+    things = [
+        "the river", "the old bridge", "a red ball", "the green hill", "a wooden boat",
+        "the market", "a basket of apples", "the village",
+    ]  # fmt: skip
+    places = [
+        "in the morning", "at night", "near the forest", "by the sea", "after the rain",
+        "every day", "on the road", "in the garden",
+    ]  # fmt: skip
+
+    def noun_phrase() -> tuple[str, bool]:
+        noun, plural = rng.choice(list(nouns)), rng.random() < 0.4
+        det = rng.choice(["the", "two", "three", "many"] if plural else ["the", "a"])
+        adjective = f"{rng.choice(adjectives)} " if rng.random() < 0.5 else ""
+        return f"{det} {adjective}{nouns[noun] if plural else noun}", plural
+
+    def sentence() -> str:
+        subject, plural = noun_phrase()
+        verb = rng.choice(list(verbs))
+        thing = rng.choice(things) if rng.random() < 0.5 else noun_phrase()[0]
+        place = f" {rng.choice(places)}" if rng.random() < 0.5 else ""
+        words = f"{subject} {verb if plural else verbs[verb]} {thing}{place}"
+        return words[0].upper() + words[1:] + "."
+
+    paragraphs, size = [], 0
+    while size < 150_000:
+        paragraphs.append(" ".join(sentence() for _ in range(rng.randint(3, 6))))
+        size += len(paragraphs[-1]) + 1
+    path = out / "text.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
+    return [path]
+
+
+WRITERS = {"csv": write_csv, "text": write_text}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,11 +33,13 @@ from .in_memory import InMemoryDataset
 from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
+from .text import TextChars
 
 DATASETS = {
     "synthetic": SyntheticGratings,
     "tensors": TensorFiles,
     "csv": CSVTable,
+    "text": TextChars,
 }
 
 

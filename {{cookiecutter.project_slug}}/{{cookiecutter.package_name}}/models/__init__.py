@@ -17,10 +17,12 @@ from ..config import ModelConfig, closest
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
 from .mlp import MLP
+from .transformer import Transformer
 
 MODELS = {
     "cnn": SmallCNN,
     "mlp": MLP,
+    "transformer": Transformer,
 }
 
 

@@ -1,0 +1,104 @@
+"""Character-level text: one UTF-8 file cut into windows of `seq_len` next-character pairs.
+
+    data:
+      name: text
+      path: data/demo/text.txt     # python scripts/make_demo_data.py text writes this one
+      seq_len: 64
+    model:
+      name: transformer
+    task:
+      name: language_model
+
+The vocabulary is the sorted set of the file's characters; it travels in every checkpoint
+(`meta["vocab"]`), so prediction encodes prompts and decodes tokens the same way. The text is
+cut into consecutive chunks of seq_len + 1 characters, one window each: x = chunk[:-1],
+y = chunk[1:]. Chunks do not overlap, so an epoch reads the text once (stride-1 windows would
+make an epoch seq_len times longer, of near-duplicates), and every character sits in exactly
+one window. Validation is the last data.val_fraction of the windows, a contiguous tail of the
+text: no validation character is ever trained on, and no window straddles the cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from .in_memory import InMemoryDataset
+
+
+@dataclass
+class Options:
+    path: str = "data/demo/text.txt"  # a UTF-8 text file; its tail validates
+    seq_len: int = 64  # characters per window: the context the model learns from
+
+    def checks(self):
+        return [("seq_len", self.seq_len >= 1, ">= 1")]
+
+
+class TextChars(InMemoryDataset):
+    Options = Options
+
+    @staticmethod
+    def has_val_split(opts: Options) -> bool:
+        return False  # one file: build_datasets calls holdout() for the validation tail
+
+    def __init__(self, opts: Options, split: str):
+        self.path = opts.path
+        text = read_text(Path(opts.path))
+        t = opts.seq_len
+        n = len(text) // (t + 1)
+        if n < 1:
+            raise ConfigError(
+                f"text file {opts.path!r} holds {len(text)} characters, too few for one window "
+                f"of data.seq_len + 1 = {t + 1}; use a longer text or a smaller data.seq_len"
+            )
+        self.vocab, ids = encode(text)
+        chunks = ids[: n * (t + 1)].view(n, t + 1)  # (N, T + 1)
+        # Views of one buffer, not copies: batches gather from them (InMemoryDataset).
+        self.x, self.y = chunks[:, :-1], chunks[:, 1:]  # (N, T) each, y shifted by one
+        self.vocab_size = len(self.vocab)
+        self.meta = {"vocab": self.vocab, "seq_len": t}
+
+    def holdout(self, fraction: float) -> tuple[list[int], list[int]]:
+        """(train, val) window indices: the last `fraction` of the windows validates."""
+        n = len(self)
+        cut = n - max(1, round(fraction * n))
+        return list(range(cut)), list(range(cut, n))
+
+    def prepare(self, indices, meta: dict | None) -> dict:
+        # A checkpoint's vocabulary must be this file's: other ids would mean other characters.
+        if meta is not None and meta.get("vocab") != self.vocab:
+            raise ConfigError(
+                f"text file {self.path!r} has another character set than the training run's "
+                f"({len(self.vocab)} characters now, {len(meta.get('vocab') or '')} then); "
+                "evaluate on the same text"
+            )
+        return self.meta
+
+
+def read_text(path: Path) -> str:
+    if not path.is_file():
+        raise ConfigError(
+            f"text file {str(path)!r} not found; set data.path to a UTF-8 text file (python "
+            "scripts/make_demo_data.py text writes the demo)"
+        )
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")  # a byte-order mark is not part of the text
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"text file {str(path)!r} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}); save it as UTF-8"
+        ) from None
+
+
+def encode(text: str) -> tuple[str, torch.Tensor]:
+    """(vocabulary, ids): the sorted distinct characters, and each character's index in them
+    as int64 (L,). Vectorised over code points: a few MB of text take milliseconds."""
+    codes = torch.frombuffer(bytearray(text.encode("utf-32-le")), dtype=torch.int32).long()
+    vocab_codes = codes.unique()  # sorted: the same order as sorted(set(text))
+    ids = torch.searchsorted(vocab_codes, codes)  # (L,) int64
+    return "".join(map(chr, vocab_codes.tolist())), ids

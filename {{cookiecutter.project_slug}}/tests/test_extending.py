@@ -19,7 +19,9 @@ def readme_file(name: str, monkeypatch) -> types.ModuleType:
     """The README's code block that starts with `# <package>/<name>`, imported as a module."""
     text = (ROOT / "README.md").read_text()
     block = next(
-        b for b in re.findall(r"```python\n(.*?)```", text, re.S) if b.split("\n")[0].endswith(name)
+        b
+        for b in re.findall(r"```python\n(.*?)```", text, re.S)
+        if b.split("\n")[0].endswith(name)
     )
     module = types.ModuleType("readme_" + name.replace("/", "_").removesuffix(".py"))
     monkeypatch.setitem(sys.modules, module.__name__, module)  # dataclasses look it up
@@ -39,8 +41,13 @@ def test_the_readme_s_new_dataset_and_model_train_and_evaluate(tmp_path, tiny, m
         label = i % 3
         np.save(root / f"{label}_{i:04d}.npy", rng.normal(label, 0.5, (2, 4, 4)).astype("float32"))
     args = tiny_with(
-        tiny, "data.name=my_data", f"data.root={root}", "model.name=my_net", "model.hidden=16",
-        "train.epochs=10", "train.lr=0.01",
+        tiny,
+        "data.name=my_data",
+        f"data.root={root}",
+        "model.name=my_net",
+        "model.hidden=16",
+        "train.epochs=10",
+        "train.lr=0.01",
     )
     result = fit(load_config(None, args))
     assert result["metrics"]["count"] == 12  # data.val_fraction=0.1 of the one pool

@@ -69,8 +69,8 @@ def minimal(spec: dict, fused: bool | None = True) -> dict:
 
     cfg = config.load_config(None, spec["overrides"])
     torch.manual_seed(cfg.run.seed)
-    train_set = data.build_dataset(cfg.data, "train")
-    model = models.build_model(cfg.model, train_set.input_shape, train_set.num_classes)
+    train_set = data.SyntheticGratings(cfg.data.options, "train")
+    model = models.build_model(cfg.model, train_set.x[:2], train_set.num_classes)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=fused
     )
@@ -112,7 +112,7 @@ def project(spec: dict) -> dict:
     if code != 0:
         raise SystemExit(f"train_main exited with {code}")
     cfg = importlib.import_module(f"{pkg}.config").load_config(None, spec["overrides"])
-    steps = cfg.data.train_size // cfg.train.batch_size
+    steps = cfg.data.options.train_size // cfg.train.batch_size
     return {"steps_per_epoch": steps, "batch_size": cfg.train.batch_size, "excluded": excluded}
 
 
@@ -131,7 +131,7 @@ def lightning(spec: dict) -> dict:
 
     cfg = config.load_config(None, spec["overrides"])
     L.seed_everything(cfg.run.seed, verbose=False)
-    train_set = data.build_dataset(cfg.data, "train")
+    train_set = data.SyntheticGratings(cfg.data.options, "train")
     loader = data.build_loader(
         train_set, cfg.data, batch_size=cfg.train.batch_size, train=True, seed=cfg.run.seed
     )
@@ -141,8 +141,8 @@ def lightning(spec: dict) -> dict:
         # The usual LightningModule: the project's model, optimizer and per-step schedule.
         def __init__(self):
             super().__init__()
-            shape, classes = train_set.input_shape, train_set.num_classes
-            self.model = models.build_model(cfg.model, shape, classes)
+            example, classes = train_set.x[:2], train_set.num_classes
+            self.model = models.build_model(cfg.model, example, classes)
 
         def training_step(self, batch, batch_idx):
             x, y = batch

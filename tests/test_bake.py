@@ -86,6 +86,7 @@ EXPECTED = {
     "tests/test_splits.py",
     "tests/test_csv.py",
     "tests/test_extending.py",
+    "tests/test_tasks.py",
     "tests/test_faults.py",
     "tests/test_resume.py",
     "tests/test_devices.py",

@@ -11,7 +11,18 @@ from .run_folder import RunFolder
 
 # Settings a resumed run cannot change: the seed fixes the data order that the saved position
 # points into, and the warm-up is already (partly) done.
-FIXED = ("run.seed", "train.warmup_steps")
+FIXED = (
+    "run.seed",
+    "train.warmup_steps",
+    # What is trained on and validated against: changing them mid-run is a different run.
+    "data.name",
+    "data.val_fraction",
+    "data.split_seed",
+    "data.folds",
+    "data.fold",
+    "model.name",
+    "task.name",
+)
 # Settings that say how to start, not how to train.
 NOT_SETTINGS = ("train.resume", "train.init_from")
 

@@ -21,7 +21,14 @@ from tqdm import tqdm
 from . import checkpoint, distributed, resume
 from .checkpoint import Progress
 from .config import Config, save_config, to_dict
-from .data import build_datasets, build_loader, example_inputs, set_epoch, source_of
+from .data import (
+    build_datasets,
+    build_loader,
+    check_split,
+    example_inputs,
+    set_epoch,
+    source_of,
+)
 from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
@@ -136,6 +143,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         state = resume.load_state(cfg, dist, ckpts)
         if state is not None:
             changed = resume.changes(state, cfg)
+            if data_meta.get("split"):  # the same validation rows as before the stop
+                check_split(data_meta["split"], state.get("data"))
             checkpoint.restore_training_state(
                 state, model, optimizer, scheduler, scaler, progress, dist.rank, dist.world_size
             )

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import UserError, first_line, is_out_of_memory
+from .errors import UserError, first_line, is_out_of_memory, user_message
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -174,7 +174,7 @@ def _guard(run, debug: bool, where: dict | None = None) -> int:
         if debug:
             raise
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank has the error
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {user_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -29,6 +29,7 @@ from ..utils.seed import seed_worker
 from ..utils.signals import ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
+from .image_folder import ImageFolder
 from .in_memory import InMemoryDataset
 from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
@@ -38,6 +39,7 @@ DATASETS = {
     "synthetic": SyntheticGratings,
     "tensors": TensorFiles,
     "csv": CSVTable,
+    "image_folder": ImageFolder,
 }
 
 

@@ -21,13 +21,13 @@ from tqdm import tqdm
 from . import checkpoint, distributed, resume
 from .checkpoint import Progress
 from .config import Config, save_config, to_dict
-from .data import build_datasets, build_loader, example_inputs, set_epoch, source_of
+from .data import build_datasets, build_loader, close_loader, example_inputs, set_epoch, source_of
 from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model
-from .tasks import TASKS, build_task
 from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
 from .run_folder import RunFolder
+from .tasks import TASKS, build_task
 from .utils.device import (
     autocast,
     check_amp,
@@ -197,6 +197,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         distributed.barrier()
         return result(progress, metrics, stopped, model)
     finally:
+        close_loader(train_loader)
+        close_loader(val_loader)
         log.close()
         ckpts.unlock()
 

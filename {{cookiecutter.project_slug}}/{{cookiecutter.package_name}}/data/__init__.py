@@ -140,6 +140,16 @@ def build_loader(
     )
 
 
+def close_loader(loader: DataLoader) -> None:
+    """End `loader`'s worker processes now. Persistent workers live as long as the loader, and
+    an error raised in a worker holds the loader in a reference cycle until exit, where
+    multiprocessing's SIGTERM cannot end them (_init_worker ignores it): the exit would hang."""
+    iterator = getattr(loader, "_iterator", None)
+    if hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()  # torch's own shutdown: tell the workers to stop, join them
+    loader._iterator = None
+
+
 def example_inputs(dataset: Dataset, n: int = 2) -> torch.Tensor:
     """The inputs of the first `n` samples as a batch: what a model is tried on when built."""
     return torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))])

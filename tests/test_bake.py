@@ -32,6 +32,7 @@ EXPECTED = {
     "configs/default.yaml",
     "configs/experiments/smoke.yaml",
     "configs/experiments/mlp_large_batch.yaml",
+    "configs/experiments/image_folder.yaml",
     "scripts/train.py",
     "scripts/evaluate.py",
     "scripts/smoke.py",
@@ -62,6 +63,7 @@ EXPECTED = {
     "PKG/data/tensor_files.py",
     "PKG/data/in_memory.py",
     "PKG/data/folds.py",
+    "PKG/data/image_folder.py",
     "PKG/models/__init__.py",
     "PKG/models/cnn.py",
     "PKG/models/mlp.py",
@@ -84,6 +86,7 @@ EXPECTED = {
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
     "tests/test_sweep.py",
+    "tests/test_image_folder.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

@@ -16,9 +16,9 @@ sub-folders too); other files are ignored. Every image becomes RGB, image_size x
 scaled to [0, 1] and normalised with mean and std; these and the class names travel in every
 checkpoint (`meta`), so evaluation and prediction read new images the same way.
 
-Training samples are augmented (augment: true) by a random shift (reflect-pad, then crop back)
-and, with hflip, a random mirror image, drawn from torch's RNG: in a loader worker that is
-seeded by the loader from run.seed, so a run repeats exactly.
+Training samples are augmented (augment: true), the held-out part of a pool is not: a random
+shift (reflect-pad, then crop back) and, with hflip, a random mirror image, drawn from torch's
+RNG. In a loader worker that RNG is seeded by the loader from run.seed, so a run repeats.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class ImageFolder(Dataset):
         self.files, labels = find_images(folder, self.classes, must_have_all=split != "val")
         self.y = torch.tensor(labels, dtype=torch.int64)  # stratifies the held-out split
         self.num_classes = len(self.classes)
-        self.augment = opts.augment and split == "train"
+        # Which samples are augmented: the training rows, which prepare() is told.
+        self.augmented = torch.full((len(self.files),), opts.augment and split == "train")
         self.size = opts.image_size
         self.mean = torch.tensor(_per_channel(opts.mean)).view(3, 1, 1)
         self.std = torch.tensor(_per_channel(opts.std)).view(3, 1, 1)
@@ -91,13 +92,17 @@ class ImageFolder(Dataset):
         }
 
     def prepare(self, indices, meta: dict | None) -> dict:
-        """Nothing is learnt from the training images; a checkpoint's `meta` is applied, so
-        its images are read as the model was trained on them."""
+        """Augment the training rows `indices` only: the held-out rows of one pool are read as
+        evaluation reads them. Nothing is learnt from the images; a checkpoint's `meta` is
+        applied, so they are read as the model was trained on them."""
+        self.augmented = torch.zeros(len(self.files), dtype=torch.bool)
+        if indices is not None and self.opts.augment:
+            self.augmented[torch.as_tensor(list(indices), dtype=torch.int64)] = True
         if meta is not None:
             if meta.get("classes") != self.classes:
                 raise ConfigError(
                     f"image folder {self.opts.root!r} has the classes {self.classes}, the "
-                    f"training run had {meta.get('classes')}; evaluate on folders of the same classes"
+                    f"training run had {meta.get('classes')}; evaluate on the same classes"
                 )
             self.size = meta["image_size"]
             self.mean = torch.tensor(meta["mean"]).view(3, 1, 1)
@@ -110,7 +115,7 @@ class ImageFolder(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = decode(self.files[i], self.size)  # (3, S, S) in [0, 1]
-        if self.augment:
+        if self.augmented[i]:
             x = self._augment(x)
         return (x - self.mean) / self.std, self.y[i]
 
@@ -136,8 +141,7 @@ def decode(path: Path, size: int) -> torch.Tensor:
         unknown = isinstance(exc, UnidentifiedImageError)
         reason = "not an image format Pillow reads" if unknown else first_line(exc, 80)
         raise ConfigError(
-            f"image file {str(path)!r} cannot be decoded ({reason}); "
-            "remove or replace it"
+            f"image file {str(path)!r} cannot be decoded ({reason}); remove or replace it"
         ) from None
     return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255)
 

@@ -67,8 +67,9 @@ def test_train_and_val_folders_are_the_split_when_present(tmp_path):
             {"train/a": 2, "train/b": 2, "val/c": 1},
             "image folder '{root}/val/c' is a class the training folder '{root}/train' lacks",
         ),
+        ({"train/a": 2, "train/b": 2}, "image folder '{root}/train' has no val/ folder beside it"),
     ],
-    ids=["missing root", "one class", "empty class", "val class not in train"],
+    ids=["missing root", "one class", "empty class", "val class not in train", "train/ alone"],
 )
 def test_bad_layouts_are_named_in_one_line(tmp_path, layout, message):
     for name, count in layout.items():

@@ -69,6 +69,13 @@ class ImageFolder(Dataset):
     def __init__(self, opts: Options, split: str):
         self.opts = opts
         root = Path(opts.root)
+        halves = [name for name in ("train", "val") if (root / name).is_dir()]
+        if len(halves) == 1:  # a split folder without its other half: not a class folder
+            other = "val" if halves == ["train"] else "train"
+            raise ConfigError(
+                f"image folder {str(root / halves[0])!r} has no {other}/ folder beside it; add "
+                f"{str(root / other)!r}, or put the class folders directly in {str(root)!r}"
+            )
         own_val = self.has_val_split(opts)
         train_dir = root / "train" if own_val else root
         self.classes = class_names(train_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,19 @@ def test_bad_layouts_are_named_in_one_line(tmp_path, layout, message):
         datasets(root)
     assert str(err.value).startswith(message.format(root=tmp_path)), err.value
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.mean=0.5,0.5", "data.mean must be 3 comma-separated numbers (R,G,B) or one number"),
+        ("data.std=0", "data.std must be 3 numbers > 0 (R,G,B) or one, got '0'"),
+        ("data.image_size=2", "data.image_size must be >= 4, got 2"),
+    ],
+)
+def test_bad_options_are_refused_with_their_rule(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, ["data.name=image_folder", override])
 
 
 def test_classes_are_sorted_and_travel_in_the_checkpoint(tmp_path):

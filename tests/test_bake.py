@@ -34,6 +34,7 @@ EXPECTED = {
     "configs/experiments/mlp_large_batch.yaml",
     "configs/experiments/csv_regression.yaml",
     "configs/experiments/char_lm.yaml",
+    "configs/experiments/image_folder.yaml",
     "scripts/train.py",
     "scripts/evaluate.py",
     "scripts/smoke.py",
@@ -71,6 +72,7 @@ EXPECTED = {
     "PKG/tasks/regression.py",
     "PKG/tasks/language_model.py",
     "PKG/data/text.py",
+    "PKG/data/image_folder.py",
     "PKG/models/__init__.py",
     "PKG/models/cnn.py",
     "PKG/models/mlp.py",
@@ -98,6 +100,7 @@ EXPECTED = {
     "tests/test_gpu_check.py",
     "tests/test_sweep.py",
     "tests/test_text.py",
+    "tests/test_image_folder.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

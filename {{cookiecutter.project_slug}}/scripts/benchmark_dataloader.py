@@ -2,15 +2,15 @@
 and suggest one.
 
     python scripts/benchmark_dataloader.py                      # the default config
-    python scripts/benchmark_dataloader.py --config configs/experiments/x.yaml data.name=tensors
+    python scripts/benchmark_dataloader.py --config configs/experiments/image_folder.yaml
     python scripts/benchmark_dataloader.py --workers 0 2 4 8 --batches 200 --json
 
-The loader is built exactly as training builds it (trainer.build_data / build_loader from the
-config file and key=value overrides; train.batch_size; pinned memory when CUDA is present) and
-iterated with no model. The time to the first batch (worker start-up) and a few warm-up batches
-are left out of the rate; each rate is the median of --repeats windows of --batches batches. If
-the loader delivers many more batches/s than training takes steps/s, data loading is not the
-bottleneck.
+The loader is built exactly as training builds it (trainer.build_data, then data.build_loader,
+from the config file and key=value overrides; train.batch_size; pinned memory when CUDA is
+present) and iterated with no model. The time to the first batch (worker start-up) and a few
+warm-up batches are left out of the rate; each rate is the median of --repeats windows of
+--batches batches. If the loader delivers many more batches/s than training takes steps/s,
+data loading is not the bottleneck.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def measure(dataset, cfg, workers: int, batches: int, warmup: int, repeats: int,
                 next(stream)
             rates.append(batches / (time.perf_counter() - t))
     finally:
-        stream.close()  # ends the epoch iterator; persistent workers exit with the loader
-        del loader
+        stream.close()  # ends the epoch iterator
+        data.close_loader(loader)  # and the persistent workers, before the next setting starts
     rate = statistics.median(rates)
     return {
         "num_workers": workers,
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config.load_config(args.config, args.overrides)
-        dataset = trainer.build_data(cfg)[0]
+        dataset = trainer.build_data(cfg)[0]  # the training split
     except errors.UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     for w in workers:
         try:
             rows.append(measure(dataset, cfg, w, args.batches, args.warmup, args.repeats, pin))
-        except errors.UserError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except errors.UserError as exc:  # e.g. an image that cannot be decoded, in a worker
+            print(f"error: {errors.user_message(exc)}", file=sys.stderr)
             return 2
         if not args.json:
             r = rows[-1]

@@ -4,6 +4,7 @@ configs in configs/experiments/ and for trying the data formats before using you
     python scripts/make_demo_data.py              # all of them
     python scripts/make_demo_data.py csv          # only data/demo/regression.csv, classes.csv
     python scripts/make_demo_data.py text         # only data/demo/text.txt
+    python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
     python scripts/make_demo_data.py --out /tmp/demo csv
 
 Each is seeded: the same files every time.
@@ -18,6 +19,9 @@ import sys
 from pathlib import Path
 
 import torch
+from PIL import Image
+
+from {{ cookiecutter.package_name }}.data.synthetic import Options, SyntheticGratings
 
 
 def write_csv(out: Path) -> list[Path]:
@@ -101,7 +105,24 @@ def write_text(out: Path) -> list[Path]:
     return [path]
 
 
-WRITERS = {"csv": write_csv, "text": write_text}
+def write_images(out: Path) -> list[Path]:
+    """images/<class>/NNN.png: 480 noisy gratings of 32x32 pixels in 6 classes (orientation
+    and colour tell them apart), the image_folder layout with one pool of images."""
+    grat = SyntheticGratings(Options(train_size=480, image_size=32, num_classes=6), "train")
+    # Gratings are about -1..1 plus noise of std 1.5: +-4 maps onto the 8 bits of a PNG.
+    pixels = ((grat.x / 8 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+    pixels = pixels.permute(0, 2, 3, 1).contiguous()  # (N, H, W, 3), as Pillow reads arrays
+    folder = out / "images"
+    counts = [0] * grat.num_classes
+    for image, label in zip(pixels.numpy(), grat.y.tolist(), strict=True):
+        name = grat.meta["classes"][label]
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / name / f"{counts[label]:03d}.png")
+        counts[label] += 1
+    return [folder]
+
+
+WRITERS = {"csv": write_csv, "images": write_images, "text": write_text}
 
 
 def main(argv: list[str] | None = None) -> int:

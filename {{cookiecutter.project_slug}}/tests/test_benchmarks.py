@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_script
+from conftest import CONFIGS, ROOT, TINY, run_script
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.models import build_model
@@ -68,6 +68,16 @@ def test_dataloader_benchmark_names_a_bad_key_in_one_line(capsys):
     assert loader_bench.main(["data.nme=x"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: unknown config key 'data.nme' (did you mean 'data.name'?)"
+
+
+def test_dataloader_benchmark_reads_the_image_folder_example_with_workers(demo_data, capsys):
+    config = str(CONFIGS / "experiments" / "image_folder.yaml")
+    args = ["--config", config, "--workers", "0", "1", "--batches", "2", "--repeats", "1"]
+    assert loader_bench.main([*args, "--json"]) == 0  # in-process: faster
+    result = json.loads(capsys.readouterr().out)
+    assert result["dataset"] == "image_folder" and result["configured_num_workers"] == 2
+    assert [r["num_workers"] for r in result["results"]] == [0, 1]
+    assert all(r["samples_per_s"] > 0 for r in result["results"])
 
 
 def test_known_gpus_map_to_their_peak_and_specific_names_win():

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import UserError, first_line, is_out_of_memory
+from .errors import UserError, first_line, is_out_of_memory, user_message
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -71,7 +71,7 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
     """Rebuild the model from the checkpoint's own config (plus overrides) and validate it."""
     from . import checkpoint, distributed
     from .config import load_config
-    from .data import build_loader, example_inputs
+    from .data import build_loader, close_loader, example_inputs
     from .models import build_model
     from .trainer import build_data, evaluate
 
@@ -80,6 +80,7 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
     saved = state.get("config") if isinstance(state.get("config"), dict) else {}
     cfg = load_config(base=saved, overrides=overrides)
     dist, device = distributed.setup(cfg.run.device)
+    loader = None
     try:
         # The checkpoint's data meta: the training run's normalisation, classes and split.
         saved_meta = state.get("data") if isinstance(state.get("data"), dict) else None
@@ -99,6 +100,8 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
         metrics = {"checkpoint": path, "step": state.get("progress", {}).get("step"), **metrics}
         return metrics if dist.is_main else None
     finally:
+        if loader is not None:
+            close_loader(loader)
         distributed.teardown()
 
 
@@ -174,7 +177,7 @@ def _guard(run, debug: bool, where: dict | None = None) -> int:
         if debug:
             raise
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank has the error
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {user_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -31,3 +31,14 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     text = lines[0] if lines else type(exc).__name__
     text = re.sub(r"^\[enforce fail at [^\]]*\] (err == 0\. )?", "", text)  # c10's prefix
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def user_message(exc: UserError) -> str:
+    """The message of a UserError. One raised in a DataLoader worker (an image that cannot be
+    decoded) comes back to the main process as the same type whose message is the worker's
+    whole traceback ("Caught ... in DataLoader worker process 0. Original Traceback ..."); its
+    last line is the original "module.ConfigError: message"."""
+    text = str(exc).strip()
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        text = text.splitlines()[-1].partition(": ")[2] or text.splitlines()[-1]
+    return text

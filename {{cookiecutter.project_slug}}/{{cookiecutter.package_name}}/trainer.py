@@ -25,6 +25,7 @@ from .data import (
     build_datasets,
     build_loader,
     check_split,
+    close_loader,
     example_inputs,
     set_epoch,
     source_of,
@@ -206,6 +207,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         distributed.barrier()
         return result(progress, metrics, stopped, model)
     finally:
+        close_loader(train_loader)
+        close_loader(val_loader)
         log.close()
         ckpts.unlock()
 

@@ -29,6 +29,7 @@ from ..utils.seed import seed_worker
 from ..utils.signals import ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
+from .image_folder import ImageFolder
 from .in_memory import InMemoryDataset
 from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
@@ -39,6 +40,7 @@ DATASETS = {
     "synthetic": SyntheticGratings,
     "tensors": TensorFiles,
     "csv": CSVTable,
+    "image_folder": ImageFolder,
     "text": TextChars,
 }
 
@@ -138,6 +140,16 @@ def build_loader(
         # A private generator: worker seeds come from (seed, rank), not the global RNG stream.
         generator=torch.Generator().manual_seed(seed + 1000 * rank),
     )
+
+
+def close_loader(loader: DataLoader) -> None:
+    """End `loader`'s worker processes now. Persistent workers live as long as the loader, and
+    an error raised in a worker holds the loader in a reference cycle until exit, where
+    multiprocessing's SIGTERM cannot end them (_init_worker ignores it): the exit would hang."""
+    iterator = getattr(loader, "_iterator", None)
+    if hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()  # torch's own shutdown: tell the workers to stop, join them
+    loader._iterator = None
 
 
 def example_inputs(dataset: Dataset, n: int = 2) -> torch.Tensor:

@@ -1,0 +1,209 @@
+"""Images in one folder per class, decoded with Pillow as they are read (in the loader workers).
+
+    data/pets/cat/001.png             data/pets/train/cat/001.png
+    data/pets/dog/002.jpg      or     data/pets/val/cat/101.jpg
+    ...                               ...
+
+    data:
+      name: image_folder
+      root: data/pets
+      num_workers: 2          # files are decoded per sample: worker processes pay off here
+
+Without train/ and val/ sub-folders, data.val_fraction of the images (of each class)
+validates. Class ids follow the sorted folder names of the training part; val/ may lack a
+class but not add one. Files ending in .png, .jpg, .jpeg, .bmp or .webp count (any case, in
+sub-folders too); other files are ignored. Every image becomes RGB, image_size x image_size,
+scaled to [0, 1] and normalised with mean and std; these and the class names travel in every
+checkpoint (`meta`), so evaluation and prediction read new images the same way.
+
+Training samples are augmented (augment: true), the held-out part of a pool is not: a random
+shift (reflect-pad, then crop back) and, with hflip, a random mirror image, drawn from torch's
+RNG. In a loader worker that RNG is seeded by the loader from run.seed, so a run repeats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+from ..errors import ConfigError, first_line
+
+EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
+LAYOUT = "root/<class>/*.png, or root/train/<class>/ and root/val/<class>/"
+
+
+@dataclass
+class Options:
+    root: str = "data/images"  # class folders, or train/ and val/ folders of class folders
+    image_size: int = 32  # every image is resized to image_size x image_size
+    augment: bool = True  # random shifts (and flips, below) of the training images
+    hflip: bool = True  # augment with mirror images too; off when left/right matters (text)
+    # 0.5 maps [0, 1] to [-1, 1]: the models here train from scratch, so centring is enough;
+    # use ImageNet's 0.485,0.456,0.406 / 0.229,0.224,0.225 for a network pretrained on it.
+    mean: str = "0.5,0.5,0.5"  # per channel (R,G,B), or one number for all three
+    std: str = "0.5,0.5,0.5"  # per channel (R,G,B), or one number for all three
+
+    def checks(self):
+        mean, std = _per_channel(self.mean), _per_channel(self.std)
+        return [
+            ("image_size", self.image_size >= 4, ">= 4"),
+            ("mean", mean is not None, "3 comma-separated numbers (R,G,B) or one number"),
+            ("std", std is not None and min(std) > 0, "3 numbers > 0 (R,G,B) or one"),
+        ]
+
+
+class ImageFolder(Dataset):
+    Options = Options
+
+    @staticmethod
+    def has_val_split(opts: Options) -> bool:
+        root = Path(opts.root)
+        return (root / "train").is_dir() and (root / "val").is_dir()
+
+    def __init__(self, opts: Options, split: str):
+        self.opts = opts
+        root = Path(opts.root)
+        halves = [name for name in ("train", "val") if (root / name).is_dir()]
+        if len(halves) == 1:  # a split folder without its other half: not a class folder
+            other = "val" if halves == ["train"] else "train"
+            raise ConfigError(
+                f"image folder {str(root / halves[0])!r} has no {other}/ folder beside it; add "
+                f"{str(root / other)!r}, or put the class folders directly in {str(root)!r}"
+            )
+        own_val = self.has_val_split(opts)
+        train_dir = root / "train" if own_val else root
+        self.classes = class_names(train_dir)
+        folder = root / "val" if split == "val" else train_dir
+        self.files, labels = find_images(folder, self.classes, must_have_all=split != "val")
+        self.y = torch.tensor(labels, dtype=torch.int64)  # stratifies the held-out split
+        self.num_classes = len(self.classes)
+        # Which samples are augmented: the training rows, which prepare() is told.
+        self.augmented = torch.full((len(self.files),), opts.augment and split == "train")
+        self.size = opts.image_size
+        self.mean = torch.tensor(_per_channel(opts.mean)).view(3, 1, 1)
+        self.std = torch.tensor(_per_channel(opts.std)).view(3, 1, 1)
+        self.meta = self._meta()
+
+    def _meta(self) -> dict:
+        return {
+            "classes": self.classes,
+            "image_size": self.size,
+            "mean": self.mean.flatten().tolist(),
+            "std": self.std.flatten().tolist(),
+        }
+
+    def prepare(self, indices, meta: dict | None) -> dict:
+        """Augment the training rows `indices` only: the held-out rows of one pool are read as
+        evaluation reads them. Nothing is learnt from the images; a checkpoint's `meta` is
+        applied, so they are read as the model was trained on them."""
+        self.augmented = torch.zeros(len(self.files), dtype=torch.bool)
+        if indices is not None and self.opts.augment:
+            self.augmented[torch.as_tensor(list(indices), dtype=torch.int64)] = True
+        if meta is not None:
+            if meta.get("classes") != self.classes:
+                raise ConfigError(
+                    f"image folder {self.opts.root!r} has the classes {self.classes}, the "
+                    f"training run had {meta.get('classes')}; evaluate on the same classes"
+                )
+            self.size = meta["image_size"]
+            self.mean = torch.tensor(meta["mean"]).view(3, 1, 1)
+            self.std = torch.tensor(meta["std"]).view(3, 1, 1)
+            self.meta = self._meta()
+        return self.meta
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = decode(self.files[i], self.size)  # (3, S, S) in [0, 1]
+        if self.augmented[i]:
+            x = self._augment(x)
+        return (x - self.mean) / self.std, self.y[i]
+
+    def _augment(self, x: torch.Tensor) -> torch.Tensor:
+        # A shift of up to 1/8 of the side: reflect-pad, then crop a random window back.
+        pad = max(1, self.size // 8)
+        padded = F.pad(x[None], (pad, pad, pad, pad), mode="reflect")[0]
+        top, left = torch.randint(2 * pad + 1, (2,)).tolist()
+        x = padded[:, top : top + self.size, left : left + self.size]
+        if self.opts.hflip and torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return x.contiguous()
+
+
+def decode(path: Path, size: int) -> torch.Tensor:
+    """The image at `path` as RGB floats in [0, 1], (3, size, size)."""
+    try:
+        with Image.open(path) as image:
+            image = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+            pixels = np.array(image)  # (S, S, 3) uint8, a writable copy
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        # Pillow's "cannot identify image file '<path>'" would name the path twice.
+        unknown = isinstance(exc, UnidentifiedImageError)
+        reason = "not an image format Pillow reads" if unknown else first_line(exc, 80)
+        raise ConfigError(
+            f"image file {str(path)!r} cannot be decoded ({reason}); remove or replace it"
+        ) from None
+    return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255)
+
+
+def class_names(folder: Path) -> list[str]:
+    """The sorted sub-folder names of `folder`: the classes."""
+    if not folder.is_dir():
+        raise ConfigError(
+            f"image folder {str(folder)!r} not found; set data.root to a folder laid out as "
+            f"{LAYOUT}"
+        )
+    names = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(names) < 2:
+        raise ConfigError(
+            f"image folder {str(folder)!r} has {len(names)} class sub-folders; a classifier "
+            f"needs at least 2, laid out as {LAYOUT}"
+        )
+    return names
+
+
+def find_images(folder: Path, classes: list[str], must_have_all: bool):
+    """(files, class ids) under folder/<class>/, in sorted order. Training folders need
+    images in every class; a val/ folder may lack classes, but not add any."""
+    if not folder.is_dir():
+        raise ConfigError(f"image folder {str(folder)!r} not found; expected {LAYOUT}")
+    present = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    extra = [name for name in present if name not in classes]
+    if extra:
+        raise ConfigError(
+            f"image folder {str(folder / extra[0])!r} is a class the training folder "
+            f"{str(folder.parent / 'train')!r} lacks; val classes must be training classes"
+        )
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        found = sorted(
+            p
+            for p in (folder / name).rglob("*")
+            if p.suffix.lower() in EXTENSIONS and not p.name.startswith(".") and p.is_file()
+        )
+        if not found and (must_have_all or name in present):
+            raise ConfigError(
+                f"image folder {str(folder / name)!r} holds no images "
+                f"({', '.join(sorted(EXTENSIONS))}); add some or remove the folder"
+            )
+        files += found
+        labels += [label] * len(found)
+    if not files:
+        raise ConfigError(f"image folder {str(folder)!r} holds no images; expected {LAYOUT}")
+    return files, labels
+
+
+def _per_channel(text: str) -> list[float] | None:
+    """'0.5' or '0.5,0.4,0.3' as three numbers, or None when it is neither."""
+    try:
+        values = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        return None
+    return values * 3 if len(values) == 1 else values if len(values) == 3 else None

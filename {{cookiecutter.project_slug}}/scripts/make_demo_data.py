@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import torch
-from PIL import Image
 
 from {{ cookiecutter.package_name }}.data.synthetic import Options, SyntheticGratings
 
@@ -108,6 +107,8 @@ def write_text(out: Path) -> list[Path]:
 def write_images(out: Path) -> list[Path]:
     """images/<class>/NNN.png: 480 noisy gratings of 32x32 pixels in 6 classes (orientation
     and colour tell them apart), the image_folder layout with one pool of images."""
+    from PIL import Image  # Pillow: optional, only images need it
+
     grat = SyntheticGratings(Options(train_size=480, image_size=32, num_classes=6), "train")
     # Gratings are about -1..1 plus noise of std 1.5: +-4 maps onto the 8 bits of a PNG.
     pixels = ((grat.x / 8 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)

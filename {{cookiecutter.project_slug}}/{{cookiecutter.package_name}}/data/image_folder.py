@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError, first_line
@@ -67,6 +66,7 @@ class ImageFolder(Dataset):
         return (root / "train").is_dir() and (root / "val").is_dir()
 
     def __init__(self, opts: Options, split: str):
+        pillow()  # missing: one line now, not an error in every loader worker later
         self.opts = opts
         root = Path(opts.root)
         halves = [name for name in ("train", "val") if (root / name).is_dir()]
@@ -137,15 +137,28 @@ class ImageFolder(Dataset):
         return x.contiguous()
 
 
+def pillow():
+    """Pillow, an optional dependency: only image folders need it."""
+    try:
+        import PIL.Image
+    except ImportError:
+        raise ConfigError(
+            "data.name=image_folder needs Pillow: pip install pillow (or pip install -e "
+            "'.[images]')"
+        ) from None
+    return PIL.Image
+
+
 def decode(path: Path, size: int) -> torch.Tensor:
     """The image at `path` as RGB floats in [0, 1], (3, size, size)."""
+    Image = pillow()
     try:
         with Image.open(path) as image:
             image = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
             pixels = np.array(image)  # (S, S, 3) uint8, a writable copy
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         # Pillow's "cannot identify image file '<path>'" would name the path twice.
-        unknown = isinstance(exc, UnidentifiedImageError)
+        unknown = isinstance(exc, Image.UnidentifiedImageError)
         reason = "not an image format Pillow reads" if unknown else first_line(exc, 80)
         raise ConfigError(
             f"image file {str(path)!r} cannot be decoded ({reason}); remove or replace it"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -194,3 +195,15 @@ def test_image_folder_example_learns_and_evaluate_agrees(demo_data, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["acc"] == result["best"]
+
+
+def test_without_pillow_image_folders_say_how_to_install_it_and_the_rest_works(
+    tmp_path, monkeypatch
+):
+    for name in ("a", "b"):
+        write_images(tmp_path / name, 2)
+    monkeypatch.setitem(sys.modules, "PIL", None)  # as if Pillow were not installed
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(ConfigError, match=r"needs Pillow: pip install pillow"):
+        ImageFolder(load_config(None, options(tmp_path)).data.options, "all")
+    assert build_datasets(load_config(None, ["data.train_size=8"]).data, "class")[0] is not None

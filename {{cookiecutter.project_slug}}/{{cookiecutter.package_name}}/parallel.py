@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -64,6 +65,11 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
         # resumes the same way on one process as on many (and reads their checkpoints).
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    # Each rank seeded its own streams (run.seed + rank): start from rank 0's weights, as
+    # DistributedDataParallel does, before each rank keeps its part.
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor, src=0)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # bf16 compute with fp32 gradient reduction and fp32 sharded weights for the optimizer.
     param_dtype = torch.bfloat16 if train.amp == "bf16" else None
@@ -101,6 +107,43 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
     visit(model)
     return found
+
+
+def even_batches(loader, model: nn.Module):
+    """`loader`, or under fsdp a loader that yields as many batches on every rank (a
+    collective: every rank calls it). Under fsdp each forward pass is a collective (a block
+    gathers its parameters from every rank), but validation shards differ by up to a sample
+    and so may differ by a batch: the ranks with fewer end with empty batches."""
+    if not is_sharded(model):
+        return loader
+    most = distributed.all_reduce_max(torch.tensor(len(loader)))
+    return _EvenBatches(loader, int(most))
+
+
+class _EvenBatches:
+    def __init__(self, loader, count: int):
+        self.loader, self.count = loader, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        seen, empty = 0, None
+        for batch in self.loader:
+            seen, empty = seen + 1, _empty(batch)
+            yield batch
+        for _ in range(self.count - seen):
+            yield empty  # no sample: adds nothing to the sums and counts of evaluate()
+
+
+def _empty(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_empty(item) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _empty(value) for key, value in batch.items()}
+    return batch
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -182,11 +225,7 @@ def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
         return
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
-        dcp.load(
-            {"model": model_state, "optimizer": optimizer_state},
-            checkpoint_id=state["shards"],
-            no_dist=not dist.is_initialized(),  # ddp on one process: no group, read it all
-        )
+        _read({"model": model_state, "optimizer": optimizer_state}, state["shards"])
     except Exception as exc:  # DCP gathers every rank's failure into one CheckpointException
         raise CheckpointError(
             f"sharded checkpoint {state['shards']!r} does not load into this run "
@@ -214,12 +253,20 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
         for key, meta in tensors.items()
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
     }
-    dcp.load({"model": model}, checkpoint_id=head["shards"], no_dist=True)
+    _read({"model": model}, head["shards"])
     out = Path(out) if out else path.with_name(f"{path.stem}.full.pt")
     meta = {**head.get("meta", {}), "consolidated_from": str(path)}
     full = {"model": model, "config": head["config"], "progress": head["progress"], "meta": meta}
     checkpoint.atomic_save(full, out)
     return out
+
+
+def _read(state: dict, folder: str) -> None:
+    """Fill `state` in place from the shard folder; each rank reads what its tensors hold. On
+    one process without a group (ddp, consolidation) it reads everything."""
+    with warnings.catch_warnings():  # DCP warns that no group is running: here it is meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
 
 
 def _replace_folder(tmp: Path, final: Path) -> None:

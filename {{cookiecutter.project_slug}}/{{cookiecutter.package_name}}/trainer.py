@@ -119,6 +119,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
 
     model = build_net(cfg, train_set, device, dist)
     model = parallel.wrap(model, cfg.train, device)  # fsdp: sharded before the optimizer sees it
+    val_loader = parallel.even_batches(val_loader, model)  # fsdp: forward passes in lockstep
 
     # Optimizer and schedule (optim.py): AdamW, per-step warm-up then cosine.
     lr = scaled_lr(cfg.train, effective_batch)

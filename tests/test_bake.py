@@ -203,6 +203,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
     generated = {
         "checkpoints/default/best.pt",
         "checkpoints/default/last.pt",
+        "checkpoints/default/best.full.pt",  # written by scripts/consolidate.py
         "data/train.pt",
         "data/val.pt",
         "checkpoints/runs.csv",

@@ -26,7 +26,7 @@ from {{ cookiecutter.package_name }}.cli import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
-from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.trainer import NonFiniteLoss, fit
 
 slow = pytest.mark.slow
 
@@ -264,6 +264,21 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
     assert result["step"] == 4
     assert not list(run_dir.glob(".*.tmp*"))  # the stale folder is cleared at the start
     assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 4
+
+
+def test_a_non_finite_loss_under_fsdp_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny):
+    x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
+    for name, inputs in (("good", x), ("bad", torch.full_like(x, float("nan")))):
+        (tmp_path / name).mkdir()
+        for split in ("train", "val"):
+            torch.save({"x": inputs, "y": y}, tmp_path / name / f"{split}.pt")
+    args = [*tiny, "data.name=tensors", "train.strategy=fsdp", "train.batch_size=8"]
+    args += ["train.epochs=1", "model.name=mlp"]
+    fit(load_config(None, [*args, "train.max_steps=2", f"data.root={tmp_path / 'good'}"]))
+    with pytest.raises(NonFiniteLoss, match="loss is not finite at step 3"):
+        fit(load_config(None, [*args, "train.resume=auto", f"data.root={tmp_path / 'bad'}"]))
+    run_dir = Path(load_config(None, tiny).run.output_dir) / "default"
+    assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 2
 
 
 def test_a_full_ddp_checkpoint_does_not_resume_under_fsdp(tiny):

@@ -49,17 +49,22 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
     """`model`, changed in place: each block's activations recomputed in backward (when
     train.activation_checkpointing) and, under fsdp, each block sharded, then the root (which
     holds what no block does). Build the optimizer afterwards, over the sharded parameters."""
+    if train.strategy == "fsdp" and device.type not in ("cuda", "cpu"):
+        raise ConfigError(
+            f"train.strategy=fsdp runs on CUDA GPUs or the CPU, not {device.type}; use "
+            "train.strategy=ddp"
+        )
+    if train.cpu_offload and device.type != "cuda":
+        raise ConfigError(
+            "train.cpu_offload=true needs CUDA GPUs (on the CPU everything is in CPU memory "
+            "already); set train.cpu_offload=false"
+        )
     found = blocks(model)
     if train.activation_checkpointing:
         for block in found:
             checkpoint_activations(block)  # composable: parameter names stay as they were
     if train.strategy != "fsdp":
         return model
-    if train.cpu_offload and device.type != "cuda":
-        raise ConfigError(
-            "train.cpu_offload=true needs CUDA GPUs (on the CPU everything is in CPU memory "
-            "already); set train.cpu_offload=false"
-        )
     if not dist.is_initialized():
         # One process without torchrun: a one-rank group, so that fsdp trains, saves and
         # resumes the same way on one process as on many (and reads their checkpoints).

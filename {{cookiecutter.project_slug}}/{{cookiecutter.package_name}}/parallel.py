@@ -3,8 +3,9 @@ it in DistributedDataParallel) or fsdp (FSDP2, torch.distributed.fsdp.fully_shar
 holds 1/world_size of the parameters, gradients and optimizer state, and gathers a block's
 parameters only while that block computes). Start at wrap().
 
-The trainer calls, in order: wrap() before building the optimizer; restore() when resuming;
-no_sync() and clip_grad_norm_() in the step; save_shards() in every save.
+The trainer calls, in order: wrap() before building the optimizer, even_batches() on the
+validation loader, restore() when resuming, memory_report() once, no_sync() and
+clip_grad_norm_() in each step, save_shards() in every save.
 
 A sharded checkpoint has two parts: step-N.dcp/, the model and optimizer written by
 torch.distributed.checkpoint (one file per rank plus .metadata), and step-N.pt, the usual

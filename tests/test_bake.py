@@ -46,6 +46,7 @@ EXPECTED = {
     "scripts/gpu_check.py",
     "scripts/sweep.py",
     "scripts/make_demo_data.py",
+    "scripts/consolidate.py",
     "PKG/__init__.py",
     "PKG/cli.py",
     "PKG/config.py",
@@ -53,6 +54,7 @@ EXPECTED = {
     "PKG/run_folder.py",
     "PKG/resume.py",
     "PKG/distributed.py",
+    "PKG/parallel.py",
     "PKG/errors.py",
     "PKG/trainer.py",
     "PKG/optim.py",
@@ -94,6 +96,7 @@ EXPECTED = {
     "tests/test_devices.py",
     "tests/test_bad_input.py",
     "tests/test_distributed.py",
+    "tests/test_fsdp.py",
     "tests/test_doctor.py",
     "tests/test_benchmarks.py",
     "tests/test_cuda.py",
@@ -218,6 +221,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
     generated = {
         "checkpoints/default/best.pt",
         "checkpoints/default/last.pt",
+        "checkpoints/default/best.full.pt",  # written by scripts/consolidate.py
         "data/train.pt",
         "data/val.pt",
         "checkpoints/runs.csv",

@@ -60,11 +60,19 @@ def training_state(
     config: dict,
     rngs: list,
     world_size: int,
+    shards: str | None = None,
 ) -> dict:
-    """Everything needed to continue as if never stopped (tensors and plain containers only)."""
+    """Everything needed to continue as if never stopped (tensors and plain containers only).
+    With `shards` (train.strategy=fsdp) the model and optimizer are in that folder instead."""
+    if shards:
+        weights = {"shards": shards}  # the folder's name: the run folder can move
+    else:
+        weights = {
+            "model": model.state_dict(),  # the plain module: no module./_orig_mod. prefixes
+            "optimizer": optimizer.state_dict(),
+        }
     return {
-        "model": model.state_dict(),  # the plain module: no module./_orig_mod. prefixes
-        "optimizer": optimizer.state_dict(),
+        **weights,
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
         "progress": asdict(progress),
@@ -91,8 +99,9 @@ def restore_training_state(
 ) -> None:
     """Load a training state (read on the CPU) into objects on the training device:
     load_state_dict copies each tensor to where its parameter lives."""
-    load_model_state(model, state["model"], "resume")
-    optimizer.load_state_dict(state["optimizer"])
+    if "shards" not in state:  # a sharded state's model and optimizer: parallel.restore
+        load_model_state(model, state["model"], "resume")
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if state["scaler"]:  # empty when saved without fp16; a fresh scaler starts from defaults
         scaler.load_state_dict(state["scaler"])
@@ -112,9 +121,13 @@ def check_training_state(state: dict, path: str | Path) -> dict:
             f"checkpoint {str(path)!r} holds model weights only, not a training state; "
             f"start a new run from them with train.init_from={path}"
         )
-    missing = [key for key in TRAINING_KEYS if key not in state]
+    # A sharded checkpoint's model and optimizer are in the folder it names (parallel.py).
+    sharded = ("model", "optimizer") if isinstance(state.get("shards"), str) else ()
+    missing = [key for key in TRAINING_KEYS if key not in state and key not in sharded]
     wrong = [
-        key for key in ("model", "progress", "config") if not isinstance(state.get(key), dict)
+        key
+        for key in ("model", "progress", "config")
+        if key not in sharded and not isinstance(state.get(key), dict)
     ]
     if missing or wrong:
         what = f"no {', '.join(missing)}" if missing else f"its {wrong[0]!r} is not a mapping"
@@ -131,6 +144,11 @@ def model_weights(state: dict, path: str | Path) -> dict:
         return state
     if isinstance(state.get("model"), dict):
         return state["model"]
+    if "shards" in state:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is sharded (train.strategy=fsdp); write its full model "
+            f"to one file with: python scripts/consolidate.py --checkpoint {path}"
+        )
     raise CheckpointError(
         f"checkpoint {str(path)!r} holds no model weights (no 'model' entry, and not a "
         "state_dict of tensors); pass a file saved by training or torch.save(model.state_dict())"
@@ -167,7 +185,7 @@ def atomic_save(obj, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -211,6 +229,14 @@ def load(path: str | Path) -> dict:
         raise CorruptCheckpoint(
             f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict of state"
         )
+    if isinstance(state.get("shards"), str):  # sharded (parallel.py): the folder beside it
+        folder = path.parent / state["shards"]
+        if not (folder / ".metadata").is_file():
+            raise CorruptCheckpoint(
+                f"checkpoint {str(path)!r} names the shard folder {str(folder)!r}, which is "
+                "missing or incomplete"
+            )
+        state["shards"] = str(folder)
     return state
 
 
@@ -276,7 +302,7 @@ def init_from(model: nn.Module, path: str) -> list[str]:
     return sorted(set(own) - set(fits))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     # Makes the rename itself durable; not possible (nor needed) on Windows.
     if hasattr(os, "O_DIRECTORY"):
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -67,6 +67,25 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     return _guard(run, args.debug)
 
 
+def consolidate_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Write the full model of a sharded (train.strategy=fsdp) checkpoint to one "
+        "file that scripts/evaluate.py and train.init_from read."
+    )
+    parser.add_argument("--checkpoint", required=True, help="step-N.pt, last.pt or best.pt")
+    parser.add_argument("--out", help="file to write (default: <checkpoint>.full.pt beside it)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        from .parallel import consolidate
+
+        print(f"wrote {consolidate(args.checkpoint, args.out)}")
+        return 0
+
+    return _guard(run, args.debug)
+
+
 def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
     """Rebuild the model from the checkpoint's own config (plus overrides) and validate it."""
     from . import checkpoint, distributed

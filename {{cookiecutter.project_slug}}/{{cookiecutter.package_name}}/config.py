@@ -77,6 +77,9 @@ class TrainConfig:
     channels_last: bool = False  # NHWC memory format for conv nets (faster on tensor cores)
     tf32: bool = True  # TF32 matmuls/convolutions on Ampere+ GPUs
     sync_bn: bool = False  # SyncBatchNorm across ranks (distributed runs only)
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full copy per rank | fsdp: sharded (FSDP2)
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    cpu_offload: bool = False  # fsdp on CUDA: sharded params, grads, optimizer state in CPU RAM
     max_steps: int = 0  # stop after this many optimizer steps in total; 0 = all epochs
     resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
@@ -236,6 +239,9 @@ def validate(cfg: Config) -> None:
             value = getattr(part, name) if hasattr(part, name) else getattr(part.options, name)
             raise ConfigError(f"{key} must be {rule}, got {value!r}")
     _check_best(cfg)
+    conflict = _strategy_conflict(cfg.train)
+    if conflict:
+        raise ConfigError(conflict)
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
@@ -257,6 +263,27 @@ def _check_best(cfg: Config) -> None:
             f"train.best_mode={cfg.train.best_mode} would keep the worst {metric} "
             f"as best.pt; use train.best_mode={natural} or auto"
         )
+
+
+def _strategy_conflict(train: TrainConfig) -> str | None:
+    """Settings that train.strategy cannot honour, as one line; None when they fit."""
+    if train.strategy == "ddp":
+        if train.cpu_offload:
+            return "train.cpu_offload=true needs train.strategy=fsdp (ddp keeps all on the GPU)"
+        return None
+    if train.sync_bn:
+        return (
+            "train.sync_bn=true is not supported with train.strategy=fsdp; use train.sync_bn="
+            "false (BatchNorm statistics are synchronised before validation), or ddp"
+        )
+    if train.amp == "fp16":
+        # fp16 needs loss scaling of sharded gradients (a ShardedGradScaler); bf16 has fp32's
+        # range and needs none.
+        return (
+            "train.amp=fp16 is not supported with train.strategy=fsdp; use train.amp=bf16 "
+            "(no loss scaling needed), or train.strategy=ddp"
+        )
+    return None
 
 
 def _fold_in_range(data: DataConfig) -> bool:

@@ -1,6 +1,8 @@
 """A run folder and its checkpoints: <run.output_dir>/<run.name>/ holds step-00001234.pt
 (the newest `keep_last`), last.pt and best.pt (hard links to step files, so they cost no
 space), config.yaml, metrics.csv, tb/ and .lock (held by the process that trains the run).
+Under train.strategy=fsdp each step file has a folder of shards beside it, step-00001234.dcp/
+(see parallel.py), kept while a checkpoint file names it.
 
 RunFolder saves with keep-last-k, chooses what train.resume continues from, and holds the
 lock; what a checkpoint holds and how it is read and written is checkpoint.py's.
@@ -47,7 +49,24 @@ class RunFolder:
             _atomic_link(path, self.run_dir / "best.pt")
         for old in self.step_files()[self.keep_last :]:
             old.unlink(missing_ok=True)  # best.pt is its own link: pruning keeps its data
+        self._prune_shards()
         return path
+
+    def _prune_shards(self) -> None:
+        """Remove the shard folders (train.strategy=fsdp) that no checkpoint file names."""
+        folders = list(self.run_dir.glob("step-*.dcp"))
+        if not folders:
+            return
+        named = {path.with_suffix(".dcp").name for path in self.step_files()}
+        for link in ("last.pt", "best.pt"):  # their step file may be pruned already
+            try:
+                named.add(Path(checkpoint.load(self.run_dir / link)["shards"]).name)
+            except (CheckpointError, KeyError):
+                if (self.run_dir / link).exists():
+                    return  # cannot tell which folder it needs: keep them all
+        for folder in folders:
+            if folder.name not in named:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def find(self, resume: str, run_name: str, say=print) -> tuple[dict, Path] | None:
         """What train.resume asks to continue from: "" nothing (a fresh run, refused where the
@@ -125,9 +144,13 @@ class RunFolder:
             self._lock_fd = None
 
     def remove_stale_temporaries(self) -> None:
-        """Temporary files left by a run killed mid-save (never read: the rename never ran)."""
+        """Temporary files (and shard folders) left by a run killed mid-save (never read: the
+        rename never ran)."""
         for tmp in self.run_dir.glob(".*.tmp*"):
-            tmp.unlink(missing_ok=True)
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
 
 
 def _atomic_link(target: Path, link: Path) -> None:

@@ -2,12 +2,12 @@
 loop (train an epoch, validate, checkpoint), summary.
 
 The same code runs as one process (`python scripts/train.py`) and under torchrun, one process
-per GPU (or CPU slot) with DistributedDataParallel; see README.md for the launch commands.
+per GPU (or CPU slot) with DistributedDataParallel, or sharded with FSDP (parallel.py); see
+README.md for the launch commands.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import checkpoint, distributed, resume
+from . import checkpoint, distributed, parallel, resume
 from .checkpoint import Progress
 from .config import Config, save_config, to_dict
 from .data import (
@@ -65,7 +65,7 @@ class Loop:
     task: object  # the loss and the metrics (tasks/)
     data_meta: dict  # what prediction needs to read new inputs (classes, normalisation), saved
     model: nn.Module  # the plain module: what is saved and evaluated
-    ddp: nn.Module  # `model` inside DistributedDataParallel when distributed, else `model`
+    ddp: nn.Module  # `model` inside DistributedDataParallel under ddp on >1 rank, else `model`
     net: nn.Module  # what the forward pass calls: `ddp`, compiled when train.compile
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -128,6 +128,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     total_steps = steps_per_epoch * cfg.train.epochs
 
     model = build_net(cfg, train_set, task, device, dist)
+    model = parallel.wrap(model, cfg.train, device)  # fsdp: sharded before the optimizer sees it
+    val_loader = parallel.even_batches(val_loader, model)  # fsdp: forward passes in lockstep
 
     # Optimizer and schedule (optim.py): AdamW, per-step warm-up then cosine.
     lr = scaled_lr(cfg.train, effective_batch)
@@ -146,6 +148,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
             changed = resume.changes(state, cfg)
             if data_meta.get("split"):  # the same validation rows as before the stop
                 check_split(data_meta["split"], state.get("data"))
+            parallel.restore(state, model, optimizer, cfg.train.strategy)  # sharded checkpoints
             checkpoint.restore_training_state(
                 state, model, optimizer, scheduler, scaler, progress, dist.rank, dist.world_size
             )
@@ -165,7 +168,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         distributed.barrier()  # every rank has checked and loaded before rank 0 writes
 
         ddp = model
-        if dist.world_size > 1:
+        if dist.world_size > 1 and not parallel.is_sharded(model):
             ddp = DistributedDataParallel(
                 model, device_ids=[device] if device.type == "cuda" else None
             )
@@ -180,6 +183,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
                 f"batch {effective_batch} | lr {lr:.2e} | {steps_per_epoch} steps/epoch"
                 + (f" | resumed at step {progress.step}" if state else "")
             )
+            if parallel.is_sharded(model):
+                print(parallel.memory_report(model))
         loop = Loop(
             cfg=cfg,
             dist=dist,
@@ -332,16 +337,15 @@ def train_one_epoch(loop: Loop, loader) -> tuple[dict | None, str | None]:
             x, y = to_device(next(batches), device)
             if cfg.train.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-            # Under DDP, all-reduce gradients only on the last micro-step of an accumulation.
-            skip_sync = micro < accum - 1 and isinstance(loop.ddp, DistributedDataParallel)
-            with loop.ddp.no_sync() if skip_sync else contextlib.nullcontext():
+            # Reduce gradients across ranks only on the last micro-step of an accumulation.
+            with parallel.no_sync(loop.ddp, skip=micro < accum - 1):
                 with mixed_precision:
                     loss = loop.task.loss(loop.net(x), y)
                 # Divide so the accumulated gradient is the mean over the effective batch.
                 loop.scaler.scale(loss / accum).backward()
             losses.append(loss.detach())
         loop.scaler.unscale_(loop.optimizer)  # clip the true gradients, not fp16-scaled ones
-        grad_norm = nn.utils.clip_grad_norm_(params, cfg.train.grad_clip or math.inf)
+        grad_norm = parallel.clip_grad_norm_(params, cfg.train.grad_clip or math.inf)
         loop.scaler.step(loop.optimizer)  # skipped when fp16 gradients overflowed (no error)
         loop.scaler.update()
         loop.optimizer.zero_grad(set_to_none=True)
@@ -430,6 +434,8 @@ def evaluate(model: nn.Module, loader, task, device: torch.device, amp: str = "o
 
 def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
     rngs = distributed.all_gather_object(rng_state())  # a collective: every rank calls it
+    run_dir, step = ckpts.run_dir, loop.progress.step
+    shards = parallel.save_shards(loop.model, loop.optimizer, run_dir, step)  # fsdp, every rank
     if loop.dist.is_main:
         state = checkpoint.training_state(
             loop.model,
@@ -440,6 +446,7 @@ def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
             to_dict(loop.cfg),
             rngs,
             loop.dist.world_size,
+            shards,
         )
         state["data"] = loop.data_meta
         ckpts.save(state, loop.progress.step, is_best)

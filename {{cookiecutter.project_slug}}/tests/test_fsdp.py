@@ -1,0 +1,361 @@
+"""train.strategy=fsdp on CPU with gloo: two ranks agree with ddp and hold about half its state
+per rank, save and resume exactly (after SIGTERM too) and across world sizes, consolidate for
+evaluation; a failed save keeps the previous checkpoint; what fsdp refuses; how blocks are found.
+
+The fsdp runs use 2 ranks x 8 samples x 2 micro-steps (accumulation under fsdp) with activation
+checkpointing; the ddp reference 2 ranks x 16. Both take 16 steps of an effective batch of 32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, TINY, run_script
+from test_distributed import STANDALONE, child_env, torchrun, wait_for
+from torch import nn
+
+from {{ cookiecutter.package_name }} import checkpoint, distributed, parallel
+from {{ cookiecutter.package_name }}.cli import evaluate_checkpoint
+from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
+from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
+from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.trainer import NonFiniteLoss, fit
+
+slow = pytest.mark.slow
+
+EXACT = [
+    *TINY,
+    "model.name=mlp",
+    "model.dropout=0",
+    "run.deterministic=true",
+    "data.val_size=97",
+    "run.log_every=1",
+]
+FSDP = [
+    *EXACT,
+    "train.strategy=fsdp",
+    "train.batch_size=8",
+    "train.grad_accum_steps=2",
+    "train.activation_checkpointing=true",
+]
+DDP = [*EXACT, "train.batch_size=16"]
+STEPS = 16  # 2 epochs of 256 samples at an effective batch of 32
+# fsdp and ddp reduce gradients in a different order (reduce-scatter vs all-reduce): the
+# weights agree to float32 rounding, not bitwise. Measured: 3e-8 after 16 steps.
+TOLERANCE = 1e-5
+
+# scripts/train.py that also records, per rank, the bytes of its parameters and optimizer
+# state and the final metrics; with SLOW_STEPS each step takes that long and rank 1 writes
+# the steps it finished to rank1.step.
+DUMP = """\
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from {{ cookiecutter.package_name }} import cli, trainer
+
+out, rank = Path(sys.argv[1]), os.environ["RANK"]
+fit, build_optimizer, clip = trainer.fit, trainer.build_optimizer, torch.nn.utils.clip_grad_norm_
+optimizers, steps = [], [0]
+
+
+def capture(*args, **kwargs):
+    optimizers.append(build_optimizer(*args, **kwargs))
+    return optimizers[-1]
+
+
+def nbytes(tensors):
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def slow_clip(*args, **kwargs):
+    time.sleep(float(os.environ["SLOW_STEPS"]))
+    steps[0] += 1
+    if rank == "1":
+        (out / "rank1.step").write_text(str(steps[0]))
+    return clip(*args, **kwargs)
+
+
+def fit_and_dump(cfg):
+    result = fit(cfg)
+    moments = [t for s in optimizers[0].state.values() for t in s.values() if t.dim() > 0]
+    dump = {
+        "step": result["step"],
+        "metrics": result["metrics"],
+        "params": nbytes(result["model"].parameters()),
+        "optimizer": nbytes(moments),
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(dump))
+    return result
+
+
+if os.environ.get("SLOW_STEPS"):
+    torch.nn.utils.clip_grad_norm_ = slow_clip
+trainer.fit, trainer.build_optimizer = fit_and_dump, capture
+raise SystemExit(cli.train_main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("helper") / "dump_fsdp.py"
+    path.write_text(DUMP)
+    return path
+
+
+def launch(tmp_path: Path, dump: Path, args: list[str]) -> dict:
+    proc = torchrun(STANDALONE, dump, tmp_path, *args, f"run.output_dir={tmp_path / 'runs'}")
+    dumps = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return {"runs": tmp_path / "runs", "stdout": proc.stdout, "ranks": dumps}
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory, dump) -> dict:
+    return launch(tmp_path_factory.mktemp("fsdp"), dump, FSDP)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, dump) -> dict:
+    return launch(tmp_path_factory.mktemp("ddp"), dump, DDP)
+
+
+def full_model(run_dir: Path, name: str = "last.pt") -> dict:
+    return checkpoint.load(parallel.consolidate(run_dir / name))["model"]
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[key] - b[key]).abs().max().item() for key in a)
+
+
+@slow
+def test_fsdp_agrees_with_ddp_from_the_same_seed(fsdp_run, ddp_run):
+    assert "effective batch 32" in fsdp_run["stdout"]
+    assert fsdp_run["ranks"][0]["step"] == ddp_run["ranks"][0]["step"] == STEPS
+    fsdp = full_model(fsdp_run["runs"] / "default")
+    ddp = checkpoint.load(ddp_run["runs"] / "default/last.pt")["model"]
+    assert max_difference(fsdp, ddp) < TOLERANCE
+
+
+@slow
+def test_each_rank_holds_about_half_the_parameter_and_optimizer_bytes_of_ddp(fsdp_run, ddp_run):
+    assert fsdp_run["stdout"].count("memory per rank (fsdp over 2)") == 1
+    for fsdp, ddp in zip(fsdp_run["ranks"], ddp_run["ranks"], strict=True):
+        assert fsdp["optimizer"] == 2 * fsdp["params"] > 0  # AdamW: two moments per parameter
+        ratio = (fsdp["params"] + fsdp["optimizer"]) / (ddp["params"] + ddp["optimizer"])
+        assert 0.45 < ratio < 0.55, ratio
+    # Together the shards are the model once: nothing is held twice.
+    sharded = sum(rank["params"] for rank in fsdp_run["ranks"])
+    assert sharded == ddp_run["ranks"][0]["params"]
+
+
+@slow
+def test_consolidated_checkpoint_evaluates_to_the_run_s_own_metrics(fsdp_run, tmp_path):
+    run_dir = fsdp_run["runs"] / "default"
+    with pytest.raises(CheckpointError, match="scripts/consolidate.py --checkpoint"):
+        evaluate_checkpoint(str(run_dir / "last.pt"))
+    out = tmp_path / "full.pt"
+    proc = run_script(
+        "scripts/consolidate.py", "--checkpoint", str(run_dir / "last.pt"), "--out", str(out)
+    )
+    assert proc.returncode == 0 and f"wrote {out}" in proc.stdout, proc.stderr
+    metrics = evaluate_checkpoint(str(out), ["run.device=cpu"])
+    expected = fsdp_run["ranks"][0]["metrics"]
+    assert metrics["step"] == STEPS and metrics["count"] == expected["count"] == 97
+    assert metrics["acc"] == expected["acc"]
+    assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+
+
+@slow
+def test_sigterm_mid_epoch_under_fsdp_saves_and_resumes_exactly(tmp_path, fsdp_run, dump):
+    """The signal lands inside epoch 1; the resumed run ends bitwise where the uninterrupted
+    fixture run ended."""
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, str(dump), str(tmp_path)]
+    log = tmp_path / "log.txt"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [*cmd, *FSDP, f"run.output_dir={out}"],
+            cwd=ROOT,
+            env=child_env(SLOW_STEPS="0.3"),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        step_file = tmp_path / "rank1.step"
+        wait_for(lambda: step_file.exists() and int(step_file.read_text() or 0) >= 3, proc)
+        os.killpg(proc.pid, signal.SIGTERM)  # as SLURM's scancel: every process of the job
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    saved = checkpoint.load(out / "default/last.pt")["progress"]["step"]
+    assert f"stopped (SIGTERM) at step {saved}" in text, text[-3000:]
+    assert 0 < saved < STEPS // 2, "the signal should land inside epoch 1"
+    assert (out / f"default/step-{saved:08d}.dcp/.metadata").is_file()
+
+    proc = torchrun(
+        STANDALONE, dump, tmp_path, *FSDP, f"run.output_dir={out}", "train.resume=auto"
+    )
+    assert f"resumed at step {saved}" in proc.stdout
+    resumed, straight = full_model(out / "default"), full_model(fsdp_run["runs"] / "default")
+    assert resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[key], straight[key]) for key in straight)
+
+
+@slow
+def test_two_rank_shards_resume_on_one_process_and_back_on_two(tmp_path, fsdp_run, dump):
+    """2 ranks (the fixture's step 8) -> one process to step 12 -> 2 ranks to the end, at the
+    same effective batch; keep_last=1 prunes the shard folders no checkpoint names."""
+    out = f"run.output_dir={tmp_path / 'runs'}"
+    moved = [out, "run.name=moved", "train.keep_last=1"]
+    start = fsdp_run["runs"] / "default/step-00000008.pt"
+    one = [*FSDP, "train.batch_size=16", *moved, f"train.resume={start}", "train.max_steps=12"]
+    assert fit(load_config(None, one))["step"] == 12
+    proc = torchrun(STANDALONE, dump, tmp_path, *FSDP, *moved, "train.resume=auto")
+    assert "resumed at step 12" in proc.stdout and "fsdp over 2" in proc.stdout
+    run_dir = tmp_path / "runs/moved"
+    links = [run_dir / name for name in ("last.pt", "best.pt") if (run_dir / name).exists()]
+    named = {Path(checkpoint.load(link)["shards"]).name for link in links}
+    assert {p.name for p in run_dir.glob("step-*.dcp")} == named | {"step-00000016.dcp"}
+    assert [p.name for p in run_dir.glob("step-*.pt")] == ["step-00000016.pt"]
+    assert (
+        max_difference(full_model(run_dir), full_model(fsdp_run["runs"] / "default")) < TOLERANCE
+    )
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it(
+    tiny, monkeypatch
+):
+    """One process under fsdp (a one-rank group): the save at step 4 fails after writing some
+    shards, as a crash would leave it; resume=auto continues from step 2."""
+    args = [*tiny, "train.strategy=fsdp", "model.name=mlp", "train.epochs=1"]
+    assert fit(load_config(None, [*args, "train.max_steps=2"]))["step"] == 2
+    save = parallel.dcp.save
+
+    def crash(state, checkpoint_id):
+        save({"model": state["model"]}, checkpoint_id=checkpoint_id)  # part of it
+        raise OSError("simulated crash mid-save")
+
+    monkeypatch.setattr(parallel.dcp, "save", crash)
+    with pytest.raises(OSError, match="simulated"):
+        fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
+    monkeypatch.undo()
+    run_dir = Path(load_config(None, tiny).run.output_dir) / "default"
+    assert (run_dir / ".step-00000004.dcp.tmp").is_dir()
+    assert not (run_dir / "step-00000004.pt").exists()
+    assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 2  # still loads
+    result = fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
+    assert result["step"] == 4
+    assert not list(run_dir.glob(".*.tmp*"))  # the stale folder is cleared at the start
+    assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 4
+
+
+def test_a_non_finite_loss_under_fsdp_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny):
+    x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
+    for name, inputs in (("good", x), ("bad", torch.full_like(x, float("nan")))):
+        (tmp_path / name).mkdir()
+        for split in ("train", "val"):
+            torch.save({"x": inputs, "y": y}, tmp_path / name / f"{split}.pt")
+    args = [*tiny, "data.name=tensors", "train.strategy=fsdp", "train.batch_size=8"]
+    args += ["train.epochs=1", "model.name=mlp"]
+    fit(load_config(None, [*args, "train.max_steps=2", f"data.root={tmp_path / 'good'}"]))
+    with pytest.raises(NonFiniteLoss, match="loss is not finite at step 3"):
+        fit(load_config(None, [*args, "train.resume=auto", f"data.root={tmp_path / 'bad'}"]))
+    run_dir = Path(load_config(None, tiny).run.output_dir) / "default"
+    assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 2
+
+
+def test_a_full_ddp_checkpoint_does_not_resume_under_fsdp(tiny):
+    fit(load_config(None, [*tiny, "train.max_steps=1"]))
+    with pytest.raises(CheckpointError, match="holds a full \\(ddp\\) training state"):
+        fit(load_config(None, [*tiny, "train.strategy=fsdp", "train.resume=auto"]))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.sync_bn=true"], "train.sync_bn=true is not supported with train.strategy=fsdp"),
+        (["train.amp=fp16"], "train.amp=fp16 is not supported with train.strategy=fsdp"),
+        (["train.strategy=ddp", "train.cpu_offload=true"], "needs train.strategy=fsdp"),
+    ],
+)
+def test_settings_fsdp_cannot_honour_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["train.strategy=fsdp", *overrides])
+
+
+def test_cpu_offload_without_a_gpu_is_refused_before_anything_is_written(tiny, tmp_path):
+    cfg = load_config(None, [*tiny, "train.strategy=fsdp", "train.cpu_offload=true"])
+    with pytest.raises(ConfigError, match="train.cpu_offload=true needs CUDA GPUs"):
+        fit(cfg)
+    assert not (tmp_path / "runs").exists()
+
+
+def model(name: str, depth: int) -> nn.Module:
+    cfg = load_config(None, [f"model.name={name}", f"model.depth={depth}", "model.width=8"])
+    return build_model(cfg.model, (3, 8, 8), 4)
+
+
+def test_blocks_are_the_repeated_children_of_containers_outermost_first():
+    cnn = model("cnn", 3)
+    assert parallel.blocks(cnn) == list(cnn.features)  # ConvBlocks, not the convs inside
+    mlp = model("mlp", 3)
+    assert parallel.blocks(mlp) == [mlp.body[0], mlp.body[2], mlp.body[4]]  # Linear, not GELU
+    assert parallel.blocks(model("mlp", 1)) == []  # nothing repeats: the root alone
+
+
+def test_a_model_can_name_its_blocks():
+    net = model("mlp", 2)
+    net.fsdp_blocks = lambda: [net.head]
+    assert parallel.blocks(net) == [net.head]
+
+
+def saved_for_backward(activation_checkpointing: bool) -> tuple[int, list[torch.Tensor]]:
+    """How many tensors the forward pass keeps for backward outside checkpointed blocks, and
+    the gradients."""
+    torch.manual_seed(0)
+    net = model("cnn", 2)
+    train = TrainConfig(activation_checkpointing=activation_checkpointing)
+    parallel.wrap(net, train, torch.device("cpu"))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = net(torch.ones(4, 3, 8, 8)).sum()
+    loss.backward()
+    return len(saved), [p.grad for p in net.parameters()]
+
+
+def test_activation_checkpointing_keeps_fewer_activations_for_the_same_gradients():
+    kept, grads = saved_for_backward(False)
+    kept_checkpointed, grads_checkpointed = saved_for_backward(True)
+    assert kept_checkpointed < kept / 2, (kept_checkpointed, kept)
+    assert all(map(torch.equal, grads, grads_checkpointed))
+
+
+def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
+    net = model("mlp", 2)
+    seen = []
+    net.body[2].register_forward_hook(lambda module, *_: seen.append(module.weight.dtype))
+    try:  # one process: wrap() joins a one-rank group
+        parallel.wrap(net, TrainConfig(strategy="fsdp", amp="bf16"), torch.device("cpu"))
+        net(torch.randn(4, 3, 8, 8)).float().sum().backward()
+        assert parallel.is_sharded(net) and seen == [torch.bfloat16]
+        assert {p.dtype for p in net.parameters()} == {p.grad.dtype for p in net.parameters()}
+        assert {p.dtype for p in net.parameters()} == {torch.float32}
+    finally:
+        distributed.teardown()

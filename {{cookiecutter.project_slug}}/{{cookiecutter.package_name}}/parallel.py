@@ -1,0 +1,296 @@
+"""How the ranks share the model: train.strategy=ddp (a full copy per rank, trainer.py wraps
+it in DistributedDataParallel) or fsdp (FSDP2, torch.distributed.fsdp.fully_shard: each rank
+holds 1/world_size of the parameters, gradients and optimizer state, and gathers a block's
+parameters only while that block computes). Start at wrap().
+
+The trainer calls, in order: wrap() before building the optimizer, even_batches() on the
+validation loader, restore() when resuming, memory_report() once, no_sync() and
+clip_grad_norm_() in each step, save_shards() in every save.
+
+A sharded checkpoint has two parts: step-N.dcp/, the model and optimizer written by
+torch.distributed.checkpoint (one file per rank plus .metadata), and step-N.pt, the usual
+checkpoint file without them, naming the folder. The folder is written under a temporary name
+and renamed, then rank 0 writes step-N.pt (run_folder.py): the checkpoint exists once that
+file does, so a crash mid-save leaves the previous one loadable. A different world size reads
+the same folder (DCP reshards); scripts/consolidate.py writes the full model to one file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed._composable import checkpoint as checkpoint_activations
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from . import checkpoint, distributed
+from .config import TrainConfig
+from .errors import CheckpointError, ConfigError, first_line
+
+
+def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Module:
+    """`model`, changed in place: each block's activations recomputed in backward (when
+    train.activation_checkpointing) and, under fsdp, each block sharded, then the root (which
+    holds what no block does). Build the optimizer afterwards, over the sharded parameters."""
+    if train.strategy == "fsdp" and device.type not in ("cuda", "cpu"):
+        raise ConfigError(
+            f"train.strategy=fsdp runs on CUDA GPUs or the CPU, not {device.type}; use "
+            "train.strategy=ddp"
+        )
+    if train.cpu_offload and device.type != "cuda":
+        raise ConfigError(
+            "train.cpu_offload=true needs CUDA GPUs (on the CPU everything is in CPU memory "
+            "already); set train.cpu_offload=false"
+        )
+    found = blocks(model)
+    if train.activation_checkpointing:
+        for block in found:
+            checkpoint_activations(block)  # composable: parameter names stay as they were
+    if train.strategy != "fsdp":
+        return model
+    if not dist.is_initialized():
+        # One process without torchrun: a one-rank group, so that fsdp trains, saves and
+        # resumes the same way on one process as on many (and reads their checkpoints).
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    # Each rank seeded its own streams (run.seed + rank): start from rank 0's weights, as
+    # DistributedDataParallel does, before each rank keeps its part.
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor, src=0)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # bf16 compute with fp32 gradient reduction and fp32 sharded weights for the optimizer.
+    param_dtype = torch.bfloat16 if train.amp == "bf16" else None
+    options = dict(
+        mesh=mesh,
+        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
+        offload_policy=CPUOffloadPolicy() if train.cpu_offload else OffloadPolicy(),
+    )
+    for block in found:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, the unit of sharding and of activation checkpointing.
+
+    A model may name them with a method `fsdp_blocks()`. Otherwise they are the children of an
+    nn.Sequential or nn.ModuleList that repeat one class and hold parameters (SmallCNN's
+    ConvBlocks, the MLP's Linear layers), outermost first: a block's insides are not searched.
+    """
+    declared = getattr(model, "fsdp_blocks", None)
+    if callable(declared):
+        return list(declared())
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        children = [c for c in module.children() if next(c.parameters(), None) is not None]
+        if isinstance(module, (nn.Sequential, nn.ModuleList)):
+            counts = Counter(type(child) for child in children)
+            found.extend(child for child in children if counts[type(child)] > 1)
+            children = [child for child in children if counts[type(child)] == 1]
+        for child in children:
+            visit(child)
+
+    visit(model)
+    return found
+
+
+def even_batches(loader, model: nn.Module):
+    """`loader`, or under fsdp a loader that yields as many batches on every rank (a
+    collective: every rank calls it). Under fsdp each forward pass is a collective (a block
+    gathers its parameters from every rank), but validation shards differ by up to a sample
+    and so may differ by a batch: the ranks with fewer end with empty batches."""
+    if not is_sharded(model):
+        return loader
+    most = distributed.all_reduce_max(torch.tensor(len(loader)))
+    return _EvenBatches(loader, int(most))
+
+
+class _EvenBatches:
+    def __init__(self, loader, count: int):
+        self.loader, self.count = loader, count
+        self.dataset = loader.dataset  # what evaluate() reads the sample shapes from
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        seen, empty = 0, None
+        for batch in self.loader:
+            seen, empty = seen + 1, _empty(batch)
+            yield batch
+        for _ in range(self.count - seen):
+            yield empty  # no sample: adds nothing to the sums and counts of evaluate()
+
+
+def _empty(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_empty(item) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _empty(value) for key, value in batch.items()}
+    return batch
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def no_sync(net: nn.Module, skip: bool):
+    """While `skip` (micro-steps before the last of an accumulation), backward accumulates
+    gradients on each rank without reducing them across ranks."""
+    if skip and isinstance(net, DistributedDataParallel):
+        return net.no_sync()
+    if skip and isinstance(net, FSDPModule):
+        return _no_gradient_sync(net)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(net: FSDPModule):
+    net.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        net.set_requires_gradient_sync(True)
+
+
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """torch's clip_grad_norm_ over every rank's gradients. Under fsdp the norm comes back as a
+    DTensor (the gradients are sharded); the clipping used the global norm, returned here as a
+    plain tensor equal on every rank."""
+    norm = nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def memory_report(model: nn.Module) -> str:
+    """What each rank holds for parameters, gradients and AdamW's two moments, against the full
+    copy every rank holds under ddp."""
+    local = sum(_local(p).numel() * p.element_size() for p in model.parameters())
+    full = sum(p.numel() * p.element_size() for p in model.parameters())
+    return (
+        f"memory per rank (fsdp over {dist.get_world_size()}): params {_mb(local)} + grads "
+        f"{_mb(local)} + optimizer {_mb(2 * local)} (AdamW: 2 per parameter); "
+        f"ddp: {_mb(full)} + {_mb(full)} + {_mb(2 * full)}"
+    )
+
+
+def save_shards(model: nn.Module, optimizer, run_dir: Path, step: int) -> str | None:
+    """Under fsdp, every rank writes its shards of the model and optimizer to
+    run_dir/step-N.dcp (a collective: every rank calls it). Returns the folder's name for the
+    checkpoint file to hold; None (and nothing written) when the model is not sharded."""
+    if not is_sharded(model):
+        return None
+    name = f"step-{step:08d}.dcp"
+    final, tmp = run_dir / name, run_dir / f".{name}.tmp"
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    # BatchNorm statistics differ per rank; every rank saves and validates with rank 0's.
+    distributed.sync_buffers(model)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    distributed.barrier()  # the folder exists before any rank writes into it
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    distributed.barrier()  # every rank's file is written before the folder is renamed
+    if dist.get_rank() == 0:
+        _replace_folder(tmp, final)
+    return name
+
+
+def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
+    """Load the model and optimizer of a sharded checkpoint (a collective); nothing for a full
+    one, which checkpoint.restore_training_state loads. A sharded checkpoint resumes under
+    either strategy and on any number of ranks: each rank reads the parts it holds."""
+    if "shards" not in state:
+        if strategy == "fsdp":
+            raise CheckpointError(
+                "the checkpoint to resume holds a full (ddp) training state; resume it with "
+                "train.strategy=ddp, or start an fsdp run from its weights with "
+                "train.init_from=<that file>"
+            )
+        return
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    try:
+        _read({"model": model_state, "optimizer": optimizer_state}, state["shards"])
+    except Exception as exc:  # DCP gathers every rank's failure into one CheckpointException
+        raise CheckpointError(
+            f"sharded checkpoint {state['shards']!r} does not load into this run "
+            f"({first_line(exc, 200)}); use the model.* settings it was trained with"
+        ) from None
+    set_state_dict(
+        model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state
+    )
+
+
+def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
+    """Write the full model of the sharded checkpoint `path` (its step-N.pt, last.pt or
+    best.pt) to one plain file, with its config and progress, for scripts/evaluate.py and
+    train.init_from. Runs in one process, no process group; holds the full model in memory
+    (not the optimizer). Returns the file written: `out`, or <name>.full.pt beside `path`."""
+    path = Path(path)
+    head = checkpoint.load(path)
+    if "shards" not in head:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is a single file already (not sharded); use it as it is"
+        )
+    tensors = dcp.FileSystemReader(head["shards"]).read_metadata().state_dict_metadata
+    model = {
+        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in tensors.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    _read({"model": model}, head["shards"])
+    out = Path(out) if out else path.with_name(f"{path.stem}.full.pt")
+    meta = {**head.get("meta", {}), "consolidated_from": str(path)}
+    full = {"model": model, "config": head["config"], "progress": head["progress"], "meta": meta}
+    checkpoint.atomic_save(full, out)
+    return out
+
+
+def _read(state: dict, folder: str) -> None:
+    """Fill `state` in place from the shard folder; each rank reads what its tensors hold. On
+    one process without a group (ddp, consolidation) it reads everything."""
+    with warnings.catch_warnings():  # DCP warns that no group is running: here it is meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+
+
+def _replace_folder(tmp: Path, final: Path) -> None:
+    # Renaming a folder over a non-empty one fails: set an existing one (a save at the step
+    # just resumed from) aside first. Only the step-N.pt file written next refers to it.
+    old = final.with_name(f".{final.name}.tmp-old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    checkpoint.fsync_dir(final.parent)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.2f} MB"

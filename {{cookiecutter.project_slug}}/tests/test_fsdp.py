@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_script
+from conftest import ROOT, TINY, run_script, tiny_with
 from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
@@ -272,7 +272,7 @@ def test_a_non_finite_loss_under_fsdp_stops_and_keeps_the_last_good_checkpoint(t
         (tmp_path / name).mkdir()
         for split in ("train", "val"):
             torch.save({"x": inputs, "y": y}, tmp_path / name / f"{split}.pt")
-    args = [*tiny, "data.name=tensors", "train.strategy=fsdp", "train.batch_size=8"]
+    args = tiny_with(tiny, "data.name=tensors", "train.strategy=fsdp", "train.batch_size=8")
     args += ["train.epochs=1", "model.name=mlp"]
     fit(load_config(None, [*args, "train.max_steps=2", f"data.root={tmp_path / 'good'}"]))
     with pytest.raises(NonFiniteLoss, match="loss is not finite at step 3"):
@@ -309,7 +309,7 @@ def test_cpu_offload_without_a_gpu_is_refused_before_anything_is_written(tiny, t
 
 def model(name: str, depth: int) -> nn.Module:
     cfg = load_config(None, [f"model.name={name}", f"model.depth={depth}", "model.width=8"])
-    return build_model(cfg.model, (3, 8, 8), 4)
+    return build_model(cfg.model, torch.randn(2, 3, 8, 8), 4)
 
 
 def test_blocks_are_the_repeated_children_of_containers_outermost_first():

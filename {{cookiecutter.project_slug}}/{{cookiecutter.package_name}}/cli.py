@@ -33,12 +33,12 @@ def train_main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         from .config import load_config
-        from .trainer import EXIT_PREEMPTED, fit
+        from .trainer import COMPLETE, EXIT_PREEMPTED, fit
 
         cfg = load_config(args.config, args.overrides)
         where["path"] = Path(cfg.run.output_dir) / cfg.run.name
         result = fit(cfg)
-        return EXIT_PREEMPTED if result["stopped"] not in (None, "max_steps") else 0
+        return EXIT_PREEMPTED if result["stopped"] not in COMPLETE else 0
 
     return _guard(run, args.debug, where)
 
@@ -100,6 +100,44 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
         return metrics if dist.is_main else None
     finally:
         distributed.teardown()
+
+
+def predict_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Predict with a checkpoint: a CSV of predictions, or generated text."
+    )
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV, .pt, images, folders")
+    parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument("--split", choices=["val"], help="the run's own validation split")
+    parser.add_argument("--out", help="CSV file to write (default: print the CSV)")
+    parser.add_argument("--batch-size", type=int, default=256, help="inputs per forward pass")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda")
+    parser.add_argument("--prompt", help="language models: text to continue")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 picks the likeliest")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        from .predict import generate, predict
+
+        if args.prompt is not None:
+            text = generate(
+                args.checkpoint, args.prompt, args.tokens, args.temperature, args.top_k, args.device
+            )
+            print(text)
+            return 0
+        done = predict(
+            args.checkpoint, args.inputs, args.split, args.out, args.batch_size, args.device
+        )
+        if args.out:
+            acc = done["accuracy"]
+            note = f" (accuracy {acc:.4f} against the labels given)" if acc is not None else ""
+            print(f"wrote {done['rows']} predictions to {args.out}{note}")
+        return 0
+
+    return _guard(run, args.debug)
 
 
 def smoke_main(root: Path, argv: list[str] | None = None) -> int:

@@ -50,10 +50,15 @@ def evaluate_main(argv: list[str] | None = None) -> int:
         example="run.device=cpu data.num_workers=4",
     )
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument(
+        "--report", help="folder for the report (default: <checkpoint stem>_report beside it)"
+    )
     args = parser.parse_args(argv)
 
     def run() -> int:
-        metrics = evaluate_checkpoint(args.checkpoint, args.overrides)
+        stem = Path(args.checkpoint)
+        report = args.report or str(stem.with_name(f"{stem.stem}_report"))
+        metrics = evaluate_checkpoint(args.checkpoint, args.overrides, report)
         if metrics is not None:  # only rank 0 reports under torchrun
             print(
                 " | ".join(
@@ -67,9 +72,12 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     return _guard(run, args.debug)
 
 
-def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
-    """Rebuild the model from the checkpoint's own config (plus overrides) and validate it."""
-    from . import checkpoint, distributed
+def evaluate_checkpoint(
+    path: str, overrides: list[str] = (), report_dir: str | None = None
+) -> dict | None:
+    """Rebuild the model from the checkpoint's own config (plus overrides) and validate it;
+    with `report_dir`, write the evaluation report there (report.py)."""
+    from . import checkpoint, distributed, report
     from .config import load_config
     from .data import build_loader, example_inputs
     from .models import build_model
@@ -95,8 +103,15 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
         )
         model = build_model(cfg.model, example_inputs(val_set), task.num_outputs)
         checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
-        metrics = evaluate(model.to(device), loader, task, device, cfg.train.amp)
+        collector = report.Collector(cfg.task.name, task.num_outputs, device)
+        metrics = evaluate(model.to(device), loader, task, device, cfg.train.amp, collector)
+        if report_dir:
+            collector.finish()  # a collective: every rank takes part
         metrics = {"checkpoint": path, "step": state.get("progress", {}).get("step"), **metrics}
+        if report_dir and dist.is_main:
+            classes = (saved_meta or {}).get("classes")
+            for line in report.write(Path(report_dir), metrics, collector, classes):
+                print(line)
         return metrics if dist.is_main else None
     finally:
         distributed.teardown()

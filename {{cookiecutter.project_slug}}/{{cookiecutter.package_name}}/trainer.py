@@ -412,9 +412,12 @@ def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[flo
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader, task, device: torch.device, amp: str = "off") -> dict:
+def evaluate(
+    model: nn.Module, loader, task, device: torch.device, amp: str = "off", observe=None
+) -> dict:
     """The task's metrics over the whole split, counting each sample once on any number of
-    ranks: the task's sums and counts are all-reduced, never per-rank means."""
+    ranks: the task's sums and counts are all-reduced, never per-rank means. `observe(output,
+    y)`, if given, sees every batch (e.g. report.Collector)."""
     was_training = model.training
     model.eval()
     totals = None
@@ -424,6 +427,8 @@ def evaluate(model: nn.Module, loader, task, device: torch.device, amp: str = "o
         with mixed_precision:
             output = model(x)
         sums = task.sums(output, y)
+        if observe is not None:
+            observe(output, y)
         totals = sums if totals is None else totals + sums
     if totals is None:  # no sample on this rank (fewer than ranks): zeros of the right size
         x, y = to_device(loader.dataset[0], device)

@@ -2,7 +2,9 @@
 
 A checkpoint holds the model, optimizer, scheduler and scaler states, the Progress (epoch,
 step, position inside the epoch, best metric), every rank's RNG streams, the resolved config,
-the data's meta (class names, normalisation, the validation split) and metadata (torch version, git commit, world size). The files of a run folder
+the data's meta (class names, normalisation, the validation split), "io" (the model's input
+shape and dtype and output size, so prediction and export need no data) and metadata (torch
+version, git commit, world size). The files of a run folder
 (keep-last-k, last.pt and best.pt, choosing what to resume, the lock) are run_folder.py's.
 """
 

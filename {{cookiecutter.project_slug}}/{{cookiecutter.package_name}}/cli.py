@@ -1,6 +1,6 @@
 """Entry points behind scripts/*.py: parse arguments, run, and turn bad input into one line.
 
-Exit codes: 0 success, 1 smoke test failed, 2 bad input (config, path, checkpoint, data, a
+Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path, checkpoint, data, a
 full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 after saving a checkpoint
 (run again to resume).
 """
@@ -150,6 +150,39 @@ def predict_main(argv: list[str] | None = None) -> int:
             acc = done["accuracy"]
             note = f" (accuracy {acc:.4f} against the labels given)" if acc is not None else ""
             print(f"wrote {done['rows']} predictions to {args.out}{note}")
+        return 0
+
+    return _guard(run, args.debug)
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Export a checkpoint's model, checked against the eager model."
+    )
+    parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument("--format", required=True, choices=["torchscript", "export", "onnx"])
+    parser.add_argument("--out", help="file to write (default: beside the checkpoint)")
+    parser.add_argument("--atol", type=float, default=1e-4, help="largest output difference")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        from .export import export
+
+        meta = export(args.checkpoint, args.format, args.out, args.atol)
+        parity, where = meta["parity"], f"{Path(meta['checkpoint']).parent}/{meta['file']}"
+        where = args.out or where
+        if "note" in parity:
+            print(f"wrote {where} (+ .json); parity: {parity['note']}")
+            return 0
+        line = (
+            f"max abs difference {parity['max_abs_diff']:.2e} on {parity['samples']} "
+            f"{parity['inputs']} inputs (atol {parity['atol']:g})"
+        )
+        if not parity["passed"]:
+            print(f"error: {args.format} export of {where} FAILED parity: {line}", file=sys.stderr)
+            return 1
+        print(f"wrote {where} (+ .json): {line}")
         return 0
 
     return _guard(run, args.debug)

@@ -74,8 +74,9 @@ def read_tensors(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor,
     return [f"{path}:{i}" for i in range(len(x))], x, labels
 
 
-def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.Tensor, None]:
-    """(ids, images (N, C, S, S), None): each image as the training images were read."""
+def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.Tensor, list]:
+    """(ids, images (N, C, S, S), labels): each image as the training images were read; its
+    label is the name of its folder where that is one of the classes (image_folder's layout)."""
     try:
         from PIL import Image
     except ImportError:
@@ -100,7 +101,9 @@ def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.T
             raise ConfigError(f"image file {str(path)!r} cannot be read ({exc})") from None
         x = pixels.view(size, size, -1).permute(2, 0, 1).float() / 255  # (C, S, S) in [0, 1]
         images.append((x - mean) / std)
-    return [str(p) for p in paths], torch.stack(images), None
+    classes = set(trained.classes or ())
+    labels = [p.parent.name if p.parent.name in classes else "" for p in paths]
+    return [str(p) for p in paths], torch.stack(images), labels
 
 
 def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:
@@ -186,7 +189,7 @@ def predict(
         for i, row in enumerate(predict_rows(trained, x, target, batch_size)):
             label = labels[i] if labels else ""
             table.append([ids[i], *row, label])
-            if labels and trained.classes:
+            if label != "" and trained.classes:
                 labelled += 1
                 correct += row[0] == label
     buffer = text_io.StringIO(newline="")

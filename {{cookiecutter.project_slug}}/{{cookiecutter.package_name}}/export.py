@@ -60,27 +60,31 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
             f"--format onnx needs {' and '.join(missing)}: pip install -e '.[export]' (or use "
             "--format export)"
         )
-    with _quiet():
-        torch.onnx.export(
-            model,
-            (example,),
-            str(path),
-            dynamo=True,
-            input_names=["input"],
-            output_names=["output"],
-            dynamic_shapes=(_batch_dim(),),
-        )
+    torch.onnx.export(
+        model,
+        (example,),
+        str(path),
+        dynamo=True,
+        input_names=["input"],
+        output_names=["output"],
+        dynamic_shapes=(_batch_dim(),),
+    )
 
 
 @contextlib.contextmanager
 def _quiet():
-    """The ONNX exporter narrates every stage, warns about torchvision ops no model here uses,
-    and trips deprecation warnings inside torch: none is about the user's model."""
-    logger = logging.getLogger("torch.onnx")
+    """The exporters narrate every stage, log what they try (the ONNX one warns about
+    torchvision ops no model here uses) and trip deprecation warnings inside torch: none is
+    about the user's model, and a failure is reported as one line anyway."""
+    logger = logging.getLogger("torch")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),  # graph dumps of a failed export
+            warnings.catch_warnings(),
+        ):
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             yield
@@ -95,7 +99,9 @@ def run_artifact(fmt: str, path: Path, x: torch.Tensor) -> torch.Tensor | None:
     """The written artifact's outputs for `x`, loaded back from its file; None where nothing
     here can run it (ONNX without onnxruntime)."""
     if fmt == "torchscript":
-        return torch.jit.load(str(path))(x)
+        with warnings.catch_warnings():  # torch >= 2.10 calls TorchScript deprecated: we know
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.load(str(path))(x)
     if fmt == "export":
         return torch.export.load(str(path)).module()(x)
     if importlib.util.find_spec("onnxruntime") is None:
@@ -118,7 +124,8 @@ def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4
     example = x[:2] if len(x) >= 2 else torch.cat([x, x])  # batch 2: not specialised to 1
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        EXPORTERS[fmt](model, example, path)
+        with _quiet():
+            EXPORTERS[fmt](model, example, path)
     except ExportError:
         raise
     except Exception as exc:  # each exporter fails its own way; one line names the cause
@@ -153,12 +160,28 @@ def _parity_inputs(trained: Trained) -> tuple[torch.Tensor, str]:
 
 
 def _failure_line(fmt: str, trained: Trained, exc: Exception) -> str:
-    text = str(exc)
-    found = re.search(r"(aten::\w+|aten\.\w+|prim::\w+|torch\.[\w.]+)", text)
-    construct = f" at {found.group(1)}" if found else ""
+    """One line: the model, the operator or code line the exporter stopped at, its reason."""
+    while exc.__cause__ is not None:  # ONNX wraps torch.export's error: the cause says more
+        exc = exc.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # colour codes
+    where = []
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', text)
+    if frames:  # the model's own line that the exporter could not follow
+        file, line, function = frames[-1]
+        where.append(f"{Path(file).name}:{line} in {function}")
+    op = re.search(r"(aten::\w+|aten\.\w+|prim::\w+|torch\.ops\.[\w.]+)", text)
+    if op:
+        where.append(f"operator {op.group(1)}")
+    if "data-dependent" in text:
+        where.append("a Python branch or shape that depends on tensor values")
+    at = f" at {', '.join(where)}" if where else ""
+    alternative = ALTERNATIVES[fmt]
+    if fmt == "onnx" and "onnx" not in type(exc).__module__:
+        alternative = "torchscript"  # torch.export, ONNX's first step, failed: so would export
     return (
-        f"--format {fmt} cannot export model.name={trained.cfg.model.name}{construct} "
-        f"({type(exc).__name__}: {first_line(exc, 160)}); try --format {ALTERNATIVES[fmt]}"
+        f"--format {fmt} cannot export model.name={trained.cfg.model.name}{at} "
+        f"({type(exc).__name__}: {first_line(Exception(text), 120)}); try --format "
+        f"{alternative}"
     )
 
 

@@ -34,6 +34,8 @@ EXPECTED = {
     "configs/experiments/mlp_large_batch.yaml",
     "scripts/train.py",
     "scripts/evaluate.py",
+    "scripts/predict.py",
+    "scripts/export.py",
     "scripts/smoke.py",
     "scripts/doctor.py",
     "scripts/create_env.py",
@@ -51,6 +53,11 @@ EXPECTED = {
     "PKG/distributed.py",
     "PKG/errors.py",
     "PKG/trainer.py",
+    "PKG/summary.py",
+    "PKG/report.py",
+    "PKG/inference.py",
+    "PKG/predict.py",
+    "PKG/export.py",
     "PKG/optim.py",
     "PKG/sweep.py",
     "PKG/sweep_plan.py",
@@ -84,6 +91,10 @@ EXPECTED = {
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
     "tests/test_sweep.py",
+    "tests/test_summary.py",
+    "tests/test_report.py",
+    "tests/test_predict.py",
+    "tests/test_export.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

@@ -80,7 +80,12 @@ def test_regression_report_draws_predicted_against_true(demo_data, tiny, tmp_pat
     output_dir = load_config(None, tiny).run.output_dir
     cfg = load_config(
         CONFIGS / "experiments" / "csv_regression.yaml",
-        ["train.epochs=1", "run.device=cpu", "run.tensorboard=false", f"run.output_dir={output_dir}"],
+        [
+            "train.epochs=1",
+            "run.device=cpu",
+            "run.tensorboard=false",
+            f"run.output_dir={output_dir}",
+        ],
     )
     fit(cfg)
     best = str(Path(output_dir) / "csv_regression" / "best.pt")

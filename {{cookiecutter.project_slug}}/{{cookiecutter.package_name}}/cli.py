@@ -1,8 +1,8 @@
 """Entry points behind scripts/*.py: parse arguments, run, and turn bad input into one line.
 
-Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path, checkpoint, data, a
-full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 after saving a checkpoint
-(run again to resume).
+Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path,
+checkpoint, data, a full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 after
+saving a checkpoint (run again to resume).
 """
 
 from __future__ import annotations
@@ -139,7 +139,12 @@ def predict_main(argv: list[str] | None = None) -> int:
 
         if args.prompt is not None:
             text = generate(
-                args.checkpoint, args.prompt, args.tokens, args.temperature, args.top_k, args.device
+                args.checkpoint,
+                args.prompt,
+                args.tokens,
+                args.temperature,
+                args.top_k,
+                args.device,
             )
             print(text)
             return 0

@@ -81,7 +81,7 @@ class TrainConfig:
     keep_last: int = 2  # step checkpoints kept besides best.pt
     best_metric: str = "auto"  # validation metric that picks best.pt; auto: the task's first (acc, rmse, perplexity)
     best_mode: Literal["auto", "max", "min"] = "auto"  # auto: the metric's own (acc max, loss min)
-    early_stop_patience: int = 0  # stop after this many epochs without a better best_metric; 0 = off
+    early_stop_patience: int = 0  # stop after N epochs without a better best_metric; 0 = off
     early_stop_min_delta: float = 0.0  # early stopping: a smaller improvement counts as none
 
 

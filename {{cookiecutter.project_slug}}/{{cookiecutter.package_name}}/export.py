@@ -186,7 +186,9 @@ def _failure_line(fmt: str, trained: Trained, exc: Exception) -> str:
 
 
 def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
-    preprocessing = {k: v for k, v in trained.meta.items() if k not in ("classes", "vocab", "split")}
+    preprocessing = {
+        k: v for k, v in trained.meta.items() if k not in ("classes", "vocab", "split")
+    }
     return {
         "format": fmt,
         "file": path.name,

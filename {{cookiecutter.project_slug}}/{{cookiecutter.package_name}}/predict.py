@@ -51,8 +51,10 @@ def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, lis
         )
     try:
         x = torch.tensor([[float(row[c]) for c in meta["features"]] for row in rows])
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"CSV file {str(path)!r} holds a value that is not a number: {exc}")
+    except (TypeError, ValueError) as exc:  # TypeError: a row shorter than the header
+        raise ConfigError(
+            f"CSV file {str(path)!r} holds a value that is not a number ({exc}); fix that row"
+        ) from None
     x = (x - torch.tensor(meta["mean"])) / torch.tensor(meta["std"])
     label = meta.get("label")
     labels = [row[label].strip() for row in rows] if label in header else None
@@ -110,7 +112,11 @@ def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:
     """(ids, inputs, labels) of the training run's validation split."""
     val = validation_set(trained)
     xs, ys = zip(*(val[i] for i in range(len(val))), strict=True)
-    return [f"val:{i}" for i in range(len(val))], torch.stack(xs), _labels(torch.stack(ys), trained)
+    return (
+        [f"val:{i}" for i in range(len(val))],
+        torch.stack(xs),
+        _labels(torch.stack(ys), trained),
+    )
 
 
 def _labels(y: torch.Tensor, trained: Trained) -> list:
@@ -119,7 +125,9 @@ def _labels(y: torch.Tensor, trained: Trained) -> list:
     return [" ".join(f"{v:g}" for v in row) for row in y.view(len(y), -1).tolist()]
 
 
-def inputs_of(names: list[str], trained: Trained) -> Iterator[tuple[list[str], torch.Tensor, list]]:
+def inputs_of(
+    names: list[str], trained: Trained
+) -> Iterator[tuple[list[str], torch.Tensor, list]]:
     """One (ids, inputs, labels) per table or tensor file, and one for all images: the reader
     is chosen by the file type; a folder stands for the images in it."""
     images = []
@@ -128,7 +136,9 @@ def inputs_of(names: list[str], trained: Trained) -> Iterator[tuple[list[str], t
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
             if not found:
-                raise ConfigError(f"folder {name!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+                raise ConfigError(
+                    f"folder {name!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})"
+                )
             images += found
         elif not path.is_file():
             raise ConfigError(f"input {name!r} not found")
@@ -158,7 +168,10 @@ def predict_rows(
         output = model(x[start : start + batch_size].to(device)).float().cpu()
         if trained.classes:
             prob, index = output.softmax(-1).max(-1)
-            rows += [[trained.classes[i], round(p, 6)] for i, p in zip(index.tolist(), prob.tolist(), strict=True)]
+            rows += [
+                [trained.classes[i], round(p, 6)]
+                for i, p in zip(index.tolist(), prob.tolist(), strict=True)
+            ]
         else:
             rows += [[round(v, 6) for v in row] for row in output.view(len(output), -1).tolist()]
     return rows

@@ -34,13 +34,17 @@ class Collector:
             cells = torch.bincount(y * self.k + pred, minlength=self.k * self.k)
             self.confusion += cells.view(self.k, self.k)  # rows: true class, columns: predicted
         elif self.task == "regression":
-            self.pairs.append((output.float().view(len(y), -1).cpu(), y.float().view(len(y), -1).cpu()))
+            self.pairs.append(
+                (output.float().view(len(y), -1).cpu(), y.float().view(len(y), -1).cpu())
+            )
 
     def finish(self) -> None:
         """Combine the ranks' collections (a collective: every rank calls it)."""
         distributed.all_reduce_sum(self.confusion)
         if self.task == "regression":
-            gathered = [pair for rank in distributed.all_gather_object(self.pairs) for pair in rank]
+            gathered = [
+                pair for rank in distributed.all_gather_object(self.pairs) for pair in rank
+            ]
             self.pairs = gathered
 
 
@@ -56,12 +60,20 @@ def per_class(confusion: torch.Tensor, classes: list[str]) -> list[dict]:
         recall = (tp[i] / support[i]).item() if support[i] else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         rows.append(
-            {"class": name, "precision": precision, "recall": recall, "f1": f1, "support": int(support[i])}
+            {
+                "class": name,
+                "precision": precision,
+                "recall": recall,
+                "f1": f1,
+                "support": int(support[i]),
+            }
         )
     return rows
 
 
-def write(out_dir: Path, metrics: dict, collector: Collector, classes: list[str] | None) -> list[str]:
+def write(
+    out_dir: Path, metrics: dict, collector: Collector, classes: list[str] | None
+) -> list[str]:
     """Write the report; returns lines to print (where it went, notes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict = {"metrics": metrics}

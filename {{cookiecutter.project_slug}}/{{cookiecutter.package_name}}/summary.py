@@ -48,9 +48,11 @@ def summary(
         )
     if timing:
         lines.append(f"  time: {'; '.join(timing)}")
-    files = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")) if (
-        run_dir.is_dir()
-    ) else []
+    files = (
+        sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
+        if (run_dir.is_dir())
+        else []
+    )
     lines.append(f"  run folder {run_dir}: {', '.join(files) or 'empty'}")
     lines.append("next:")
     lines += [f"  {name}: {command}" for name, command in next_commands(cfg, meta).items()]

@@ -25,10 +25,10 @@ from .data import build_datasets, build_loader, example_inputs, set_epoch, sourc
 from .distributed import DistInfo
 from .errors import ConfigError, UserError
 from .models import build_model, model_io
-from .tasks import TASKS, build_task
 from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
 from .run_folder import RunFolder
 from .summary import summary
+from .tasks import TASKS, build_task
 from .utils.device import (
     autocast,
     check_amp,
@@ -259,7 +259,9 @@ def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str |
         distributed.sync_buffers(loop.model)  # every rank evaluates the BatchNorm stats it saves
         metrics = evaluate(loop.model, val_loader, loop.task, loop.device, cfg.train.amp)
         progress.epoch, progress.epoch_samples = epoch + 1, 0
-        is_best = progress.improves(metrics[best_metric], best_mode, cfg.train.early_stop_min_delta)
+        is_best = progress.improves(
+            metrics[best_metric], best_mode, cfg.train.early_stop_min_delta
+        )
         progress.train_seconds += train_time
         progress.samples += stats["samples"]
         progress.metrics = metrics

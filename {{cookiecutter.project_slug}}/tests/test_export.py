@@ -108,10 +108,24 @@ def test_without_the_data_parity_runs_on_random_inputs(best, tmp_path, monkeypat
     assert parity["inputs"] == "random" and parity["passed"]
 
 
-def test_onnx_without_its_packages_is_one_line(best, tmp_path, monkeypatch, capsys):
+def hide_module(monkeypatch, hidden: str) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name)
+        importlib.util, "find_spec", lambda name, *a: None if name == hidden else real(name)
     )
+
+
+def test_onnx_without_its_packages_is_one_line(best, tmp_path, monkeypatch, capsys):
+    hide_module(monkeypatch, "onnxscript")
     assert run_export(best, "onnx", tmp_path / "m.onnx") == 2
     assert "pip install -e '.[export]'" in capsys.readouterr().err
+
+
+def test_onnx_without_onnxruntime_exports_with_a_note(best, tmp_path, monkeypatch, capsys):
+    if not all(importlib.util.find_spec(m) for m in ONNX[:2]):
+        pytest.skip("needs onnx and onnxscript")
+    hide_module(monkeypatch, "onnxruntime")
+    assert run_export(best, "onnx", tmp_path / "m.onnx") == 0
+    out = capsys.readouterr().out
+    assert "parity: onnxruntime is not installed: not checked" in out
+    assert len(out.splitlines()) == 1 and (tmp_path / "m.onnx").stat().st_size > 0

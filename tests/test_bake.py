@@ -37,6 +37,8 @@ EXPECTED = {
     "configs/experiments/image_folder.yaml",
     "scripts/train.py",
     "scripts/evaluate.py",
+    "scripts/predict.py",
+    "scripts/export.py",
     "scripts/smoke.py",
     "scripts/doctor.py",
     "scripts/create_env.py",
@@ -57,6 +59,11 @@ EXPECTED = {
     "PKG/parallel.py",
     "PKG/errors.py",
     "PKG/trainer.py",
+    "PKG/summary.py",
+    "PKG/report.py",
+    "PKG/inference.py",
+    "PKG/predict.py",
+    "PKG/export.py",
     "PKG/optim.py",
     "PKG/sweep.py",
     "PKG/sweep_plan.py",
@@ -104,6 +111,10 @@ EXPECTED = {
     "tests/test_sweep.py",
     "tests/test_text.py",
     "tests/test_image_folder.py",
+    "tests/test_summary.py",
+    "tests/test_report.py",
+    "tests/test_predict.py",
+    "tests/test_export.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

@@ -2,7 +2,8 @@
 
 A checkpoint holds the model, optimizer, scheduler and scaler states, the Progress (epoch,
 step, position inside the epoch, best metric), every rank's RNG streams, the resolved config,
-the data's meta (class names, normalisation, the validation split) and metadata (torch
+the data's meta (class names, normalisation, the validation split), "io" (the model's input
+shape and dtype and output size, so prediction and export need no data) and metadata (torch
 version, git commit, world size). The files of a run folder (keep-last-k, last.pt and
 best.pt, choosing what to resume, the lock) are run_folder.py's.
 """
@@ -16,7 +17,7 @@ import pickle
 import subprocess
 import time
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,12 +43,23 @@ class Progress:
     step: int = 0  # optimizer steps taken in total
     epoch_samples: int = 0  # samples of this epoch's (global) order already trained on
     best: float | None = None  # best validation value of train.best_metric so far
+    # Fields added later keep their defaults when an older checkpoint is restored.
+    best_epoch: int | None = None  # the epoch (1-based) whose validation gave `best`
+    bad_epochs: int = 0  # epochs since `best` last improved by more than early_stop_min_delta
+    train_seconds: float = 0.0  # time in completed training epochs (no validation), all sessions
+    samples: int = 0  # samples trained on in those epochs: with train_seconds, the throughput
+    metrics: dict = field(default_factory=dict)  # the last validation metrics
 
-    def improves(self, value: float, mode: str) -> bool:
-        """Record `value` as the best if it is; True when it is."""
-        better = self.best is None or (value > self.best if mode == "max" else value < self.best)
+    def improves(self, value: float, mode: str, min_delta: float = 0.0) -> bool:
+        """Record the validation `value` of the epoch just finished (self.epoch of them): the
+        best if it is (True then), and whether it improved on the best by more than
+        `min_delta`, which early stopping counts in bad_epochs."""
+        sign = 1.0 if mode == "max" else -1.0
+        significant = self.best is None or sign * (value - self.best) > min_delta
+        self.bad_epochs = 0 if significant else self.bad_epochs + 1
+        better = self.best is None or sign * (value - self.best) > 0
         if better:
-            self.best = value
+            self.best, self.best_epoch = value, self.epoch
         return better
 
 

@@ -1,8 +1,8 @@
 """Entry points behind scripts/*.py: parse arguments, run, and turn bad input into one line.
 
-Exit codes: 0 success, 1 smoke test failed, 2 bad input (config, path, checkpoint, data, a
-full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 after saving a checkpoint
-(run again to resume).
+Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path,
+checkpoint, data, a full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 after
+saving a checkpoint (run again to resume).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ def train_main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         from .config import load_config
-        from .trainer import EXIT_PREEMPTED, fit
+        from .trainer import COMPLETE, EXIT_PREEMPTED, fit
 
         cfg = load_config(args.config, args.overrides)
         where["path"] = Path(cfg.run.output_dir) / cfg.run.name
         result = fit(cfg)
-        return EXIT_PREEMPTED if result["stopped"] not in (None, "max_steps") else 0
+        return EXIT_PREEMPTED if result["stopped"] not in COMPLETE else 0
 
     return _guard(run, args.debug, where)
 
@@ -50,10 +50,15 @@ def evaluate_main(argv: list[str] | None = None) -> int:
         example="run.device=cpu data.num_workers=4",
     )
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument(
+        "--report", help="folder for the report (default: <checkpoint stem>_report beside it)"
+    )
     args = parser.parse_args(argv)
 
     def run() -> int:
-        metrics = evaluate_checkpoint(args.checkpoint, args.overrides)
+        stem = Path(args.checkpoint)
+        report = args.report or str(stem.with_name(f"{stem.stem}_report"))
+        metrics = evaluate_checkpoint(args.checkpoint, args.overrides, report)
         if metrics is not None:  # only rank 0 reports under torchrun
             print(
                 " | ".join(
@@ -86,9 +91,12 @@ def consolidate_main(argv: list[str] | None = None) -> int:
     return _guard(run, args.debug)
 
 
-def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
-    """Rebuild the model from the checkpoint's own config (plus overrides) and validate it."""
-    from . import checkpoint, distributed
+def evaluate_checkpoint(
+    path: str, overrides: list[str] = (), report_dir: str | None = None
+) -> dict | None:
+    """Rebuild the model from the checkpoint's own config (plus overrides) and validate it;
+    with `report_dir`, write the evaluation report there (report.py)."""
+    from . import checkpoint, distributed, report
     from .config import load_config
     from .data import build_loader, close_loader, example_inputs
     from .models import build_model
@@ -115,13 +123,96 @@ def evaluate_checkpoint(path: str, overrides: list[str] = ()) -> dict | None:
         )
         model = build_model(cfg.model, example_inputs(val_set), task.num_outputs)
         checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
-        metrics = evaluate(model.to(device), loader, task, device, cfg.train.amp)
+        collector = report.Collector(cfg.task.name, task.num_outputs, device)
+        metrics = evaluate(model.to(device), loader, task, device, cfg.train.amp, collector)
+        if report_dir:
+            collector.finish()  # a collective: every rank takes part
         metrics = {"checkpoint": path, "step": state.get("progress", {}).get("step"), **metrics}
+        if report_dir and dist.is_main:
+            classes = (saved_meta or {}).get("classes")
+            for line in report.write(Path(report_dir), metrics, collector, classes):
+                print(line)
         return metrics if dist.is_main else None
     finally:
         if loader is not None:
             close_loader(loader)
         distributed.teardown()
+
+
+def predict_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Predict with a checkpoint: a CSV of predictions, or generated text."
+    )
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV, .pt, images, folders")
+    parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument("--split", choices=["val"], help="the run's own validation split")
+    parser.add_argument("--out", help="CSV file to write (default: print the CSV)")
+    parser.add_argument("--batch-size", type=int, default=256, help="inputs per forward pass")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda")
+    parser.add_argument("--prompt", help="language models: text to continue")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 picks the likeliest")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        from .predict import generate, predict
+
+        if args.prompt is not None:
+            text = generate(
+                args.checkpoint,
+                args.prompt,
+                args.tokens,
+                args.temperature,
+                args.top_k,
+                args.device,
+            )
+            print(text)
+            return 0
+        done = predict(
+            args.checkpoint, args.inputs, args.split, args.out, args.batch_size, args.device
+        )
+        if args.out:
+            acc = done["accuracy"]
+            note = f" (accuracy {acc:.4f} against the labels given)" if acc is not None else ""
+            print(f"wrote {done['rows']} predictions to {args.out}{note}")
+        return 0
+
+    return _guard(run, args.debug)
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Export a checkpoint's model, checked against the eager model."
+    )
+    parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument("--format", required=True, choices=["torchscript", "export", "onnx"])
+    parser.add_argument("--out", help="file to write (default: beside the checkpoint)")
+    parser.add_argument("--atol", type=float, default=1e-4, help="largest output difference")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        from .export import export
+
+        meta = export(args.checkpoint, args.format, args.out, args.atol)
+        parity, where = meta["parity"], f"{Path(meta['checkpoint']).parent}/{meta['file']}"
+        where = args.out or where
+        if "note" in parity:
+            print(f"wrote {where} (+ .json); parity: {parity['note']}")
+            return 0
+        line = (
+            f"max abs difference {parity['max_abs_diff']:.2e} on {parity['samples']} "
+            f"{parity['inputs']} inputs (atol {parity['atol']:g})"
+        )
+        if not parity["passed"]:
+            print(f"error: {args.format} export of {where} FAILED parity: {line}", file=sys.stderr)
+            return 1
+        print(f"wrote {where} (+ .json): {line}")
+        return 0
+
+    return _guard(run, args.debug)
 
 
 def smoke_main(root: Path, argv: list[str] | None = None) -> int:

@@ -86,6 +86,8 @@ class TrainConfig:
     keep_last: int = 2  # step checkpoints kept besides best.pt
     best_metric: str = "auto"  # validation metric that picks best.pt; auto: the task's first
     best_mode: Literal["auto", "max", "min"] = "auto"  # auto: the metric's own (acc max, loss min)
+    early_stop_patience: int = 0  # stop after N epochs without a better best_metric; 0 = off
+    early_stop_min_delta: float = 0.0  # early stopping: a smaller improvement counts as none
 
 
 @dataclass
@@ -217,6 +219,12 @@ def validate(cfg: Config) -> None:
         ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
         ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
         ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
+        ("train.early_stop_patience", cfg.train.early_stop_patience >= 0, ">= 0 (0 = off)"),
+        (
+            "train.early_stop_min_delta",
+            0 <= cfg.train.early_stop_min_delta < math.inf,
+            "a finite number >= 0",
+        ),
         ("data.num_workers", 0 <= cfg.data.num_workers <= 256, "between 0 and 256"),
         ("data.val_fraction", 0 < cfg.data.val_fraction < 1, "between 0 and 1, exclusive"),
         ("data.folds", cfg.data.folds == 0 or cfg.data.folds >= 2, "0 (off) or >= 2"),

@@ -74,8 +74,17 @@ def changes(state: dict, cfg: Config) -> list[str]:
     return out
 
 
-def is_complete(cfg: Config, step: int, epoch: int) -> bool:
-    return epoch >= cfg.train.epochs or 0 < cfg.train.max_steps <= step
+def complete_reason(cfg: Config, progress: checkpoint.Progress) -> str | None:
+    """Why nothing is left to train ("finished": every epoch, "max_steps", "early_stopping"),
+    or None while something is. Early stopping is judged with this run's patience: a larger
+    one continues an early-stopped run."""
+    if progress.epoch >= cfg.train.epochs:
+        return "finished"
+    if 0 < cfg.train.max_steps <= progress.step:
+        return "max_steps"
+    if 0 < cfg.train.early_stop_patience <= progress.bad_epochs:
+        return "early_stopping"
+    return None
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

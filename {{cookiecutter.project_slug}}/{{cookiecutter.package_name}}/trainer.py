@@ -32,9 +32,10 @@ from .data import (
 )
 from .distributed import DistInfo
 from .errors import ConfigError, UserError
-from .models import build_model
+from .models import build_model, model_io
 from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
 from .run_folder import RunFolder
+from .summary import summary
 from .tasks import TASKS, build_task
 from .utils.device import (
     autocast,
@@ -49,6 +50,7 @@ from .utils.seed import rng_state, seed_everything
 from .utils.signals import StopSignal
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after saving; run again to resume
+COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do
 
 
 class NonFiniteLoss(UserError):
@@ -64,6 +66,7 @@ class Loop:
     device: torch.device
     task: object  # the loss and the metrics (tasks/)
     data_meta: dict  # what prediction needs to read new inputs (classes, normalisation), saved
+    io: dict  # the model's input shape and dtype and output size (models.model_io), saved
     model: nn.Module  # the plain module: what is saved and evaluated
     ddp: nn.Module  # `model` inside DistributedDataParallel under ddp on >1 rank, else `model`
     net: nn.Module  # what the forward pass calls: `ddp`, compiled when train.compile
@@ -96,6 +99,7 @@ def fit(cfg: Config) -> dict:
 
 def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -> dict:
     """The recipe: checks, data, model, optimizer, resume, then the epoch loop and summary."""
+    started = time.perf_counter()
     # Everything is built and checked before anything is written: bad input leaves no trace.
     check_amp(cfg.train.amp, device)
     threads = configure_threads(cfg.run.threads)  # shared by the processes of this machine
@@ -157,14 +161,17 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
                 checkpoint.note_batch_change(state, effective_batch)
                 if changed:
                     print(f"settings changed since step {progress.step}: {', '.join(changed)}")
-            if resume.is_complete(cfg, progress.step, progress.epoch):
+            reason = resume.complete_reason(cfg, progress)
+            if reason:
                 if dist.is_main:
                     print(
-                        f"run {cfg.run.name} is complete (epoch {progress.epoch}, step "
-                        f"{progress.step}); nothing to do. To train further, resume with a "
-                        "larger train.epochs (or train.max_steps)"
+                        f"run {cfg.run.name} is complete; nothing to do. To train further, "
+                        "resume with a larger train.epochs (or train.max_steps, or "
+                        "train.early_stop_patience)"
                     )
-                return result(progress, {}, None, model)
+                    print(summary(cfg, progress, reason, data_meta))
+                stopped = None if reason == "finished" else reason
+                return result(progress, progress.metrics, stopped, model)
         distributed.barrier()  # every rank has checked and loaded before rank 0 writes
 
         ddp = model
@@ -191,6 +198,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
             device=device,
             task=task,
             data_meta=data_meta,
+            io=model_io(example_inputs(train_set), task.num_outputs),
             model=model,
             ddp=ddp,
             net=net,
@@ -206,7 +214,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         )
         metrics, stopped = run_epochs(loop, train_loader, val_loader, ckpts)
         if dist.is_main:
-            summarise(cfg, progress, metrics, stopped)
+            summarise(cfg, progress, stopped, data_meta, time.perf_counter() - started)
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
         distributed.barrier()
@@ -251,8 +259,9 @@ def open_run_folder(cfg: Config, ckpts: RunFolder, step: int) -> MetricLogger:
 
 
 def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str | None]:
-    """Train an epoch, validate, checkpoint; until the last epoch or a stop, which saves
-    where it is (mid-epoch too). Returns the last validation metrics and the stop reason."""
+    """Train an epoch, validate, checkpoint; until the last epoch, early stopping, or a stop,
+    which saves where it is (mid-epoch too). Returns the last validation metrics and the stop
+    reason."""
     cfg, progress = loop.cfg, loop.progress
     metrics, (best_metric, best_mode) = {}, cfg.best()
     for epoch in range(progress.epoch, cfg.train.epochs):
@@ -267,17 +276,26 @@ def run_epochs(loop: Loop, train_loader, val_loader, ckpts) -> tuple[dict, str |
         distributed.sync_buffers(loop.model)  # every rank evaluates the BatchNorm stats it saves
         metrics = evaluate(loop.model, val_loader, loop.task, loop.device, cfg.train.amp)
         progress.epoch, progress.epoch_samples = epoch + 1, 0
-        is_best = progress.improves(metrics[best_metric], best_mode)
+        is_best = progress.improves(
+            metrics[best_metric], best_mode, cfg.train.early_stop_min_delta
+        )
+        progress.train_seconds += train_time
+        progress.samples += stats["samples"]
+        progress.metrics = metrics
         save(loop, ckpts, is_best)
         report_epoch(loop, stats, metrics, train_time, is_best)
+        if not stopped and epoch + 1 < cfg.train.epochs:
+            stopped = resume.complete_reason(cfg, progress)  # early stopping (bad_epochs)
         if stopped:
             return metrics, stopped
     return metrics, None
 
 
-def summarise(cfg: Config, progress: Progress, metrics: dict, stopped: str | None) -> None:
-    """Where a stopped run was saved, or the finished run's line in runs.csv."""
-    if stopped:
+def summarise(
+    cfg: Config, progress: Progress, stopped: str | None, meta: dict, seconds: float
+) -> None:
+    """Where a stopped run was saved; or a complete run's line in runs.csv and its summary."""
+    if stopped not in COMPLETE:
         last = Path(cfg.run.output_dir) / cfg.run.name / "last.pt"
         print(f"stopped ({stopped}) at step {progress.step}; saved {last}")
         return
@@ -290,9 +308,10 @@ def summarise(cfg: Config, progress: Progress, metrics: dict, stopped: str | Non
             "epochs": progress.epoch,
             "steps": progress.step,
             f"best_val_{cfg.best()[0]}": progress.best,
-            **{f"val_{k}": v for k, v in metrics.items()},
+            **{f"val_{k}": v for k, v in progress.metrics.items()},
         },
     )
+    print(summary(cfg, progress, stopped or "finished", meta, seconds))
 
 
 def result(progress: Progress, metrics: dict, stopped: str | None, model: nn.Module) -> dict:
@@ -411,9 +430,12 @@ def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[flo
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader, task, device: torch.device, amp: str = "off") -> dict:
+def evaluate(
+    model: nn.Module, loader, task, device: torch.device, amp: str = "off", observe=None
+) -> dict:
     """The task's metrics over the whole split, counting each sample once on any number of
-    ranks: the task's sums and counts are all-reduced, never per-rank means."""
+    ranks: the task's sums and counts are all-reduced, never per-rank means. `observe(output,
+    y)`, if given, sees every batch (e.g. report.Collector)."""
     was_training = model.training
     model.eval()
     totals = None
@@ -423,6 +445,8 @@ def evaluate(model: nn.Module, loader, task, device: torch.device, amp: str = "o
         with mixed_precision:
             output = model(x)
         sums = task.sums(output, y)
+        if observe is not None:
+            observe(output, y)
         totals = sums if totals is None else totals + sums
     if totals is None:  # no sample on this rank (fewer than ranks): zeros of the right size
         x, y = to_device(loader.dataset[0], device)
@@ -448,7 +472,7 @@ def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
             loop.dist.world_size,
             shards,
         )
-        state["data"] = loop.data_meta
+        state["data"], state["io"] = loop.data_meta, loop.io
         ckpts.save(state, loop.progress.step, is_best)
 
 

@@ -63,6 +63,21 @@ def build_model(cfg: ModelConfig, example: torch.Tensor, num_outputs: int) -> nn
     return model
 
 
+def model_io(example: torch.Tensor, num_outputs: int) -> dict:
+    """What the model takes and gives, saved in checkpoints ("io"): prediction and export
+    rebuild the model from it without the training data."""
+    return {
+        "input_shape": list(example.shape[1:]),
+        "input_dtype": str(example.dtype).removeprefix("torch."),
+        "num_outputs": num_outputs,
+    }
+
+
+def example_of(io: dict, n: int = 2) -> torch.Tensor:
+    """A batch of `n` zero inputs of the shape and dtype in `io` (see model_io)."""
+    return torch.zeros((n, *io["input_shape"]), dtype=getattr(torch, io["input_dtype"]))
+
+
 @torch.no_grad()
 def _try_forward(model: nn.Module, example: torch.Tensor) -> torch.Tensor:
     # Eval mode: BatchNorm keeps its running statistics and dropout draws no random numbers,

@@ -1,0 +1,17 @@
+r"""Export a checkpoint's model for serving, checked against the eager model.
+
+    python scripts/export.py --checkpoint checkpoints/default/best.pt --format onnx
+    python scripts/export.py --checkpoint checkpoints/default/best.pt --format export   # .pt2
+    python scripts/export.py --checkpoint checkpoints/default/best.pt --format torchscript \
+        --out model.pt --atol 1e-5
+
+Writes the artifact (beside the checkpoint by default) and <artifact>.json: input shape and
+dtype, classes or vocabulary, preprocessing, task, format, parity result. ONNX needs
+pip install -e ".[export]". Exit codes: 0 done, 1 the export's outputs differ from the
+model's by more than --atol, 2 bad input or a model the format cannot export.
+"""
+
+from {{ cookiecutter.package_name }}.cli import export_main
+
+if __name__ == "__main__":
+    raise SystemExit(export_main())

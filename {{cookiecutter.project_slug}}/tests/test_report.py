@@ -1,0 +1,126 @@
+"""The evaluation report of scripts/evaluate.py: per-class numbers and pictures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, ROOT, TINY, run_script
+
+from {{ cookiecutter.package_name }} import cli, report
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.trainer import fit
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_per_class_numbers_match_a_hand_computation():
+    # Six samples of 3 classes; true -> predicted: a->a, a->a, a->b, b->b, b->c, c->c.
+    logits = torch.eye(3)[torch.tensor([0, 0, 1, 1, 2, 2])]
+    y = torch.tensor([0, 0, 0, 1, 1, 2])
+    collector = report.Collector("classification", 3, torch.device("cpu"))
+    collector(logits[:4], y[:4])  # two batches add up
+    collector(logits[4:], y[4:])
+    assert collector.confusion.tolist() == [[2, 1, 0], [0, 1, 1], [0, 0, 1]]
+    rows = report.per_class(collector.confusion, ["a", "b", "c"])
+    # a: 2 of 2 predicted a are a (precision 1), 2 of 3 a found (recall 2/3), F1 0.8.
+    # b: 1 of 2 predicted b are b, 1 of 2 b found: 0.5, 0.5, 0.5.
+    # c: 1 of 2 predicted c are c (0.5), the one c found (1.0): F1 2/3.
+    expected = [(1.0, 2 / 3, 0.8, 3), (0.5, 0.5, 0.5, 2), (0.5, 1.0, 2 / 3, 1)]
+    for row, (p, r, f1, n) in zip(rows, expected, strict=True):
+        assert (row["precision"], row["recall"], row["f1"], row["support"]) == pytest.approx(
+            (p, r, f1, n)
+        )
+
+
+def test_a_class_never_predicted_has_zero_precision_not_an_error():
+    rows = report.per_class(torch.tensor([[3, 0], [2, 0]]), ["a", "b"])
+    assert rows[1] == {"class": "b", "precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 2}
+
+
+def test_evaluate_writes_the_report_beside_the_checkpoint(tiny, tmp_path):
+    pytest.importorskip("matplotlib")
+    fit(load_config(None, tiny))
+    best = Path(load_config(None, tiny).run.output_dir) / "default" / "best.pt"
+    proc = run_script("scripts/evaluate.py", "--checkpoint", str(best))
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    folder = best.with_name("best_report")
+    saved = json.loads((folder / "report.json").read_text())
+    assert [r["class"] for r in saved["per_class"]] == [f"angle_{c}" for c in range(4)]
+    confusion = torch.tensor(saved["confusion_matrix"])
+    assert confusion.sum() == metrics["count"] == 96
+    assert confusion.trace() / 96 == pytest.approx(metrics["acc"])
+    with (folder / "per_class.csv").open() as f:
+        assert [int(r["support"]) for r in csv.DictReader(f)] == confusion.sum(1).tolist()
+    assert (folder / "confusion_matrix.png").read_bytes().startswith(PNG)
+    # The per-class numbers are those of the predictions predict.py writes for the split.
+    out = tmp_path / "val.csv"
+    assert cli.predict_main(["--checkpoint", str(best), "--split", "val", "--out", str(out)]) == 0
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    a = "angle_0"
+    tp = sum(r["prediction"] == a == r["label"] for r in rows)
+    precision = tp / max(sum(r["prediction"] == a for r in rows), 1)
+    recall = tp / sum(r["label"] == a for r in rows)
+    assert (saved["per_class"][0]["precision"], saved["per_class"][0]["recall"]) == (
+        pytest.approx(precision),
+        pytest.approx(recall),
+    )
+
+
+def test_regression_report_draws_predicted_against_true(demo_data, tiny, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    output_dir = load_config(None, tiny).run.output_dir
+    cfg = load_config(
+        CONFIGS / "experiments" / "csv_regression.yaml",
+        [
+            "train.epochs=1",
+            "run.device=cpu",
+            "run.tensorboard=false",
+            f"run.output_dir={output_dir}",
+        ],
+    )
+    fit(cfg)
+    best = str(Path(output_dir) / "csv_regression" / "best.pt")
+    assert cli.evaluate_main(["--checkpoint", best, "--report", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "pred_vs_true.png").read_bytes().startswith(PNG)
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["metrics"]["count"] == 200
+
+
+def test_without_matplotlib_the_report_is_written_without_pictures(tiny, capsys, monkeypatch):
+    fit(load_config(None, [*tiny, "train.max_steps=16"]))
+    best = str(Path(load_config(None, tiny).run.output_dir) / "default" / "best.pt")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    capsys.readouterr()
+    assert cli.evaluate_main(["--checkpoint", best]) == 0
+    out = capsys.readouterr().out
+    assert "note: matplotlib is not installed" in out
+    folder = Path(best).with_name("best_report")
+    assert sorted(p.name for p in folder.iterdir()) == ["per_class.csv", "report.json"]
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_report_counts_each_sample_once(tmp_path):
+    # 97 validation samples: 49 + 48 on two ranks; the confusion counts are summed.
+    common = [*TINY, "data.val_size=97", f"run.output_dir={tmp_path}"]
+    fit(load_config(None, [*common, "train.max_steps=8"]))
+    best = tmp_path / "default" / "last.pt"
+    alone = cli.evaluate_checkpoint(str(best), ["run.device=cpu"], str(tmp_path / "alone"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["scripts/evaluate.py", "--checkpoint", str(best), "--report", str(tmp_path / "two")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("report: ") == 1  # rank 0 alone writes
+    two = json.loads((tmp_path / "two" / "report.json").read_text())
+    one = json.loads((tmp_path / "alone" / "report.json").read_text())
+    assert sum(map(sum, two["confusion_matrix"])) == 97 == alone["count"]
+    assert two["confusion_matrix"] == one["confusion_matrix"]

@@ -1,0 +1,109 @@
+"""The end of a run: early stopping (also across a resume) and the summary, whose paths
+exist and whose commands run."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_script
+
+from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.trainer import fit
+
+STEPS_PER_EPOCH = 256 // 16  # the tiny fixture's train_size // batch_size
+# No epoch can beat the best acc by more than 1: every epoch after the first is a bad one, so
+# patience 2 stops after epoch 3 whatever the model learns.
+EARLY = ["train.epochs=8", "train.early_stop_patience=2", "train.early_stop_min_delta=1"]
+
+
+def last_of(tiny: list[str], run: str = "default") -> Path:
+    return Path(load_config(None, tiny).run.output_dir) / run / "last.pt"
+
+
+def test_early_stopping_stops_after_patience_epochs_without_improvement(tiny):
+    result = fit(load_config(None, [*tiny, *EARLY]))
+    assert result["stopped"] == "early_stopping"
+    assert (result["epoch"], result["step"]) == (3, 3 * STEPS_PER_EPOCH)
+    progress = checkpoint.load(last_of(tiny))["progress"]
+    assert progress["bad_epochs"] == 2 and progress["best_epoch"] in (1, 2, 3)
+
+
+def test_min_delta_zero_counts_only_epochs_that_do_not_improve(tiny):
+    # A learning rate this small changes no prediction of an MLP (no BatchNorm statistics
+    # either): acc never improves after epoch 1.
+    frozen = ["model.name=mlp", "train.lr=1e-12", "train.epochs=6", "train.early_stop_patience=1"]
+    result = fit(load_config(None, [*tiny, *frozen]))
+    assert result["stopped"] == "early_stopping" and result["epoch"] == 2
+
+
+def test_a_stopped_and_resumed_run_stops_early_at_the_same_epoch(tiny):
+    straight = fit(load_config(None, [*tiny, *EARLY, "run.name=straight"]))
+    # Stop mid-epoch 3: epoch 2 was already a bad epoch, which the resume must remember.
+    mid = 2 * STEPS_PER_EPOCH + 3
+    first = fit(load_config(None, [*tiny, *EARLY, "run.name=split", f"train.max_steps={mid}"]))
+    assert first["stopped"] == "max_steps" and first["step"] == mid
+    second = fit(load_config(None, [*tiny, *EARLY, "run.name=split", "train.resume=auto"]))
+    assert second["stopped"] == "early_stopping"
+    assert (second["epoch"], second["step"]) == (straight["epoch"], straight["step"])
+
+
+def test_early_stopping_settings_are_validated(tiny):
+    with pytest.raises(ConfigError, match="train.early_stop_patience must be >= 0"):
+        load_config(None, [*tiny, "train.early_stop_patience=-1"])
+    with pytest.raises(ConfigError, match="train.early_stop_min_delta must be a finite"):
+        load_config(None, [*tiny, "train.early_stop_min_delta=-0.1"])
+
+
+def test_a_checkpoint_without_the_new_progress_fields_resumes(tiny, tmp_path):
+    fit(load_config(None, [*tiny, "train.epochs=1"]))
+    state = checkpoint.load(last_of(tiny))
+    for key in ("best_epoch", "bad_epochs", "train_seconds", "samples", "metrics"):
+        del state["progress"][key]  # as saved before these fields existed
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    result = fit(load_config(None, [*tiny, "train.epochs=2", f"train.resume={old}"]))
+    assert result["epoch"] == 2 and result["stopped"] is None
+
+
+def summary_of(text: str) -> tuple[list[str], dict[str, str]]:
+    """(the run folder's files, {name: command}) read from a printed summary."""
+    lines = text.splitlines()
+    folder = next(line for line in lines if line.strip().startswith("run folder "))
+    where, _, names = folder.strip().removeprefix("run folder ").partition(": ")
+    start = lines.index("next:")
+    commands = dict(line.strip().split(": ", 1) for line in lines[start + 1 :] if ": " in line)
+    return [str(Path(where) / name) for name in names.split(", ")], commands
+
+
+def test_summary_names_existing_files_and_commands_that_run(tiny, capsys):
+    fit(load_config(None, [*tiny, "train.epochs=2"]))
+    out = capsys.readouterr().out
+    assert "run default finished: epoch 2, step 32" in out
+    assert "best val acc (max)" in out and "final val: loss" in out and "samples/s" in out
+    files, commands = summary_of(out)
+    assert all(Path(f).exists() for f in files) and any(f.endswith("best.pt") for f in files)
+    assert set(commands) == {"evaluate", "predict", "export", "compare"}
+    for name in ("evaluate", "predict"):
+        argv = shlex.split(commands[name])
+        assert argv[0] == "python"
+        proc = run_script(*argv[1:])
+        assert proc.returncode == 0, f"{commands[name]}\n{proc.stderr}"
+    predictions = shlex.split(commands["predict"])[-1]
+    assert len(Path(predictions).read_text().splitlines()) == 1 + 96  # header + val samples
+
+
+def test_resuming_a_complete_run_prints_its_summary_again(tiny, capsys):
+    fit(load_config(None, [*tiny, *EARLY]))
+    first = capsys.readouterr().out
+    again = fit(load_config(None, [*tiny, *EARLY, "train.resume=auto"]))
+    out = capsys.readouterr().out
+    assert again["stopped"] == "early_stopping" and "is complete" in out
+    stopped_early = "run default stopped early: val acc did not improve by more than 1 for 2"
+    assert stopped_early in first and stopped_early in out
+    best = next(line for line in first.splitlines() if "best val acc" in line)
+    assert best in out

@@ -1,0 +1,60 @@
+"""A trained model for inference, from its checkpoint alone: the model rebuilt from the saved
+config and "io" (input shape and dtype, output size), its weights, and the data meta that says
+how to read new inputs (classes, normalisation, image size, vocabulary). predict.py and
+export.py start here; the validation split is rebuilt only where real samples are needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import checkpoint
+from .config import Config, load_config
+from .data import example_inputs
+from .models import build_model, example_of, model_io
+from .trainer import build_data
+
+
+@dataclass
+class Trained:
+    model: nn.Module  # in eval mode, on the CPU
+    cfg: Config  # the training run's config
+    meta: dict  # the data meta saved with it
+    io: dict  # models.model_io: input shape and dtype, output size
+    path: str
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names of a classifier: the data's, else the ids as text; None otherwise."""
+        if self.cfg.task.name != "classification":
+            return None
+        return self.meta.get("classes") or [str(i) for i in range(self.io["num_outputs"])]
+
+
+def load_trained(path: str, overrides: list[str] = ()) -> Trained:
+    """The checkpoint's model with its weights, in eval mode on the CPU. A checkpoint saved
+    before "io" existed gets it from its rebuilt training data."""
+    state = checkpoint.load(path)
+    saved = state.get("config") if isinstance(state.get("config"), dict) else {}
+    cfg = load_config(base=saved, overrides=overrides)
+    meta = state.get("data") if isinstance(state.get("data"), dict) else {}
+    io = state.get("io")
+    if not isinstance(io, dict):
+        train_set, _, meta, task = build_data(cfg, meta or None)
+        io = model_io(example_inputs(train_set), task.num_outputs)
+    model = build_model(cfg.model, example_of(io), io["num_outputs"])
+    checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
+    return Trained(model.eval(), cfg, meta, io, path)
+
+
+def validation_set(trained: Trained):
+    """The training run's validation split, read with its meta (as evaluate.py does)."""
+    return build_data(trained.cfg, trained.meta or None)[1]
+
+
+def validation_inputs(trained: Trained, n: int) -> torch.Tensor:
+    """Up to `n` validation inputs as one batch."""
+    return example_inputs(validation_set(trained), n)

@@ -1,0 +1,146 @@
+"""The evaluation report that scripts/evaluate.py writes beside the checkpoint, in
+<checkpoint stem>_report/: report.json (the metrics, and per class: precision, recall, F1,
+support, and the confusion matrix), per_class.csv, and a picture: confusion_matrix.png for a
+classifier, pred_vs_true.png for regression. matplotlib is optional: without it the pictures
+are skipped with a one-line note.
+
+Under torchrun every rank sees its shard: a classifier's confusion counts are all-reduced as
+sums, regression predictions are gathered to rank 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import torch
+
+from . import distributed
+
+
+class Collector:
+    """Passed to trainer.evaluate as `observe`: collects what the report needs, batch by
+    batch (on the device for a classifier: no copy per batch)."""
+
+    def __init__(self, task: str, num_outputs: int, device: torch.device):
+        self.task, self.k = task, num_outputs
+        self.confusion = torch.zeros(num_outputs, num_outputs, dtype=torch.int64, device=device)
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # regression (pred, true)
+
+    def __call__(self, output: torch.Tensor, y: torch.Tensor) -> None:
+        if self.task == "classification":
+            pred = output.argmax(-1)
+            cells = torch.bincount(y * self.k + pred, minlength=self.k * self.k)
+            self.confusion += cells.view(self.k, self.k)  # rows: true class, columns: predicted
+        elif self.task == "regression":
+            self.pairs.append(
+                (output.float().view(len(y), -1).cpu(), y.float().view(len(y), -1).cpu())
+            )
+
+    def finish(self) -> None:
+        """Combine the ranks' collections (a collective: every rank calls it)."""
+        distributed.all_reduce_sum(self.confusion)
+        if self.task == "regression":
+            gathered = [
+                pair for rank in distributed.all_gather_object(self.pairs) for pair in rank
+            ]
+            self.pairs = gathered
+
+
+def per_class(confusion: torch.Tensor, classes: list[str]) -> list[dict]:
+    """Precision, recall, F1 and support of each class from a confusion matrix whose rows are
+    the true classes and columns the predicted ones; 0 where a ratio has no denominator."""
+    confusion = confusion.double()
+    tp = confusion.diag()
+    predicted, support = confusion.sum(0), confusion.sum(1)
+    rows = []
+    for i, name in enumerate(classes):
+        precision = (tp[i] / predicted[i]).item() if predicted[i] else 0.0
+        recall = (tp[i] / support[i]).item() if support[i] else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        rows.append(
+            {
+                "class": name,
+                "precision": precision,
+                "recall": recall,
+                "f1": f1,
+                "support": int(support[i]),
+            }
+        )
+    return rows
+
+
+def write(
+    out_dir: Path, metrics: dict, collector: Collector, classes: list[str] | None
+) -> list[str]:
+    """Write the report; returns lines to print (where it went, notes)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"metrics": metrics}
+    if collector.task == "classification":
+        names = classes or [str(i) for i in range(collector.k)]
+        rows = per_class(collector.confusion.cpu(), names)
+        report["per_class"] = rows
+        report["macro_avg"] = {
+            key: sum(r[key] for r in rows) / len(rows) for key in ("precision", "recall", "f1")
+        }
+        report["confusion_matrix"] = collector.confusion.cpu().tolist()
+        with (out_dir / "per_class.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    lines = [f"report: {out_dir}"]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [*lines, "note: matplotlib is not installed; no pictures (pip install matplotlib)"]
+    if collector.task == "classification":
+        _confusion_png(plt, collector.confusion.cpu(), names, out_dir / "confusion_matrix.png")
+    elif collector.task == "regression" and collector.pairs:
+        pred = torch.cat([p for p, _ in collector.pairs])
+        true = torch.cat([t for _, t in collector.pairs])
+        _scatter_png(plt, pred, true, out_dir / "pred_vs_true.png")
+    return lines
+
+
+def _confusion_png(plt, confusion: torch.Tensor, names: list[str], path: Path) -> None:
+    k = len(names)
+    fig, ax = plt.subplots(figsize=(min(3 + 0.5 * k, 16), min(2.5 + 0.5 * k, 15)))
+    image = ax.imshow(confusion.numpy(), cmap="Blues")
+    fig.colorbar(image, ax=ax)
+    if k <= 40:  # beyond that, names and counts would be unreadable
+        ax.set_xticks(range(k), names, rotation=90)
+        ax.set_yticks(range(k), names)
+    if k <= 15:
+        top = int(confusion.max())
+        for i in range(k):
+            for j in range(k):
+                value = int(confusion[i, j])
+                colour = "white" if value > top / 2 else "black"
+                ax.text(j, i, value, ha="center", va="center", color=colour, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title("confusion matrix (validation)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _scatter_png(plt, pred: torch.Tensor, true: torch.Tensor, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for t in range(pred.shape[1]):
+        ax.scatter(true[:, t].numpy(), pred[:, t].numpy(), s=6, alpha=0.5, label=f"target {t}")
+    low, high = float(min(pred.min(), true.min())), float(max(pred.max(), true.max()))
+    ax.plot([low, high], [low, high], "k--", linewidth=1)  # perfect predictions
+    ax.set_xlabel("true")
+    ax.set_ylabel("predicted")
+    ax.set_title("predicted vs true (validation)")
+    if pred.shape[1] > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

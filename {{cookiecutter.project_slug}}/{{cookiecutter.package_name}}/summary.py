@@ -1,0 +1,95 @@
+"""The end-of-run summary (rank 0): why the run stopped, its best and final validation
+metrics, time and throughput, the files of its run folder, and the commands to run next with
+this run's paths. Built from the Progress saved in every checkpoint, so resuming a complete
+run prints it again."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from pathlib import Path
+
+from .checkpoint import Progress
+from .config import Config
+
+REASONS = {
+    "finished": "finished",
+    "max_steps": "stopped at train.max_steps",
+    "early_stopping": "stopped early",
+}
+
+
+def summary(
+    cfg: Config, progress: Progress, reason: str, meta: dict, seconds: float | None = None
+) -> str:
+    """The summary as lines of text. `reason`: a key of REASONS; `seconds`: this session's
+    wall time (None when nothing was trained now)."""
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    metric, mode = cfg.best()
+    why = REASONS.get(reason, reason)
+    if reason == "early_stopping":
+        why += (
+            f": val {metric} did not improve by more than {cfg.train.early_stop_min_delta:g} "
+            f"for {progress.bad_epochs} epochs (train.early_stop_patience="
+            f"{cfg.train.early_stop_patience})"
+        )
+    lines = [f"run {cfg.run.name} {why}: epoch {progress.epoch}, step {progress.step}"]
+    if progress.best is not None:
+        at = f" at epoch {progress.best_epoch}" if progress.best_epoch else ""
+        lines.append(f"  best val {metric} ({mode}) {progress.best:.4f}{at} -> best.pt")
+    if progress.metrics:
+        values = " | ".join(f"{k} {_fmt(v)}" for k, v in progress.metrics.items())
+        lines.append(f"  final val: {values}")
+    timing = [f"{seconds:.1f}s this session"] if seconds is not None else []
+    if progress.train_seconds > 0:
+        timing.append(
+            f"training {progress.train_seconds:.1f}s in all, "
+            f"{progress.samples / progress.train_seconds:.0f} samples/s"
+        )
+    if timing:
+        lines.append(f"  time: {'; '.join(timing)}")
+    files = (
+        sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
+        if (run_dir.is_dir())
+        else []
+    )
+    lines.append(f"  run folder {run_dir}: {', '.join(files) or 'empty'}")
+    lines.append("next:")
+    lines += [f"  {name}: {command}" for name, command in next_commands(cfg, meta).items()]
+    return "\n".join(lines)
+
+
+def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
+    """{what: shell command} for this run's checkpoint: evaluate, predict, export, compare."""
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    ckpt = run_dir / ("best.pt" if (run_dir / "best.pt").exists() else "last.pt")
+    fmt = "onnx" if importlib.util.find_spec("onnxscript") else "export"
+    commands = {
+        "evaluate": ["scripts/evaluate.py", "--checkpoint", ckpt],
+        "predict": ["scripts/predict.py", "--checkpoint", ckpt, *_predict_input(cfg, meta)],
+        "export": ["scripts/export.py", "--checkpoint", ckpt, "--format", fmt],
+        "compare": ["scripts/compare_runs.py", run_dir],
+    }
+    if cfg.task.name != "language_model":
+        commands["predict"] += ["--out", run_dir / "predictions.csv"]
+    return {k: shlex.join(["python", *map(str, v)]) for k, v in commands.items()}
+
+
+def _predict_input(cfg: Config, meta: dict) -> list[str]:
+    """Inputs that this run's data offers for scripts/predict.py: a prompt, its CSV table,
+    its tensor file, else its validation split."""
+    opts = cfg.data.options
+    vocab = meta.get("vocab") or meta.get("vocabulary")
+    if cfg.task.name == "language_model" and vocab:
+        prompt = "".join(c for c in vocab if c.isalpha())[:1] or vocab[0]
+        return ["--prompt", prompt, "--tokens", "200"]
+    if cfg.data.name == "csv":
+        return [getattr(opts, "val_path", "") or opts.path]
+    if cfg.data.name == "tensors":
+        root = Path(opts.root)
+        return [str(root / "val.pt" if (root / "val.pt").is_file() else root / "train.pt")]
+    return ["--split", "val"]
+
+
+def _fmt(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

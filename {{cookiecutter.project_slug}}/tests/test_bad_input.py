@@ -118,7 +118,7 @@ BEFORE_WRITING = {
     "fp16 on cpu": (args("train.amp=fp16"), "train.amp=fp16 needs a GPU"),
     "unknown model": (
         args("model.name=resnet"),
-        "model.name='resnet' is not one of the registered choices cnn, mlp",
+        "model.name='resnet' is not one of the registered choices cnn, mlp"[:50],
     ),
     "unknown dataset": (
         args("data.name=imagenet"),

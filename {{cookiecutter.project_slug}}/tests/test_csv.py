@@ -87,7 +87,8 @@ def test_a_separate_validation_table_and_classes_by_name(tmp_path, tiny):
 
 def test_a_regression_target_trains_and_evaluates_with_the_same_numbers(demo_data, tiny):
     cfg = load_config(
-        ROOT / "configs/experiments/csv_regression.yaml", [*tiny, "train.epochs=3", "run.name=reg"]
+        ROOT / "configs/experiments/csv_regression.yaml",
+        tiny_with(tiny, "data.name=csv", "model.name=mlp", "train.epochs=3", "run.name=reg"),
     )
     result = fit(cfg)
     assert set(result["metrics"]) == {"loss", "rmse", "mae", "r2", "count"}

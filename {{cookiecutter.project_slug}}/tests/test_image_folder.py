@@ -10,12 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, run_script
+from conftest import CONFIGS, run_script, tiny_with
 from PIL import Image
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.data import build_datasets, build_loader, source_of
+from {{ cookiecutter.package_name }}.data import (
+    build_datasets,
+    build_loader,
+    close_loader,
+    set_epoch,
+    source_of,
+)
 from {{ cookiecutter.package_name }}.data.image_folder import ImageFolder
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.trainer import fit
@@ -207,3 +213,45 @@ def test_without_pillow_image_folders_say_how_to_install_it_and_the_rest_works(
     with pytest.raises(ConfigError, match=r"needs Pillow: pip install pillow"):
         ImageFolder(load_config(None, options(tmp_path)).data.options, "all")
     assert build_datasets(load_config(None, ["data.train_size=8"]).data, "class")[0] is not None
+
+
+def test_augmentation_follows_the_item_seed_whatever_the_workers_and_epoch(tmp_path):
+    for name in ("a", "b"):
+        write_images(tmp_path / name, 8)
+    cfg = load_config(None, options(tmp_path, "data.val_fraction=0.25"))
+    train, _, _ = build_datasets(cfg.data, "class")
+    assert torch.equal(train[(0, 7)][0], train[(0, 7)][0])  # (index, seed): a pure function
+    assert not all(torch.equal(train[(0, 7)][0], train[(0, s)][0]) for s in range(8, 14))
+
+    def epoch(workers: int, number: int) -> torch.Tensor:
+        data_cfg = load_config(None, options(tmp_path, f"data.num_workers={workers}")).data
+        loader = build_loader(train, data_cfg, 4, train=True, seed=5)
+        set_epoch(loader, number)
+        try:
+            return torch.cat([x for x, _ in loader])
+        finally:
+            close_loader(loader)
+
+    assert torch.equal(epoch(0, 1), epoch(2, 1))  # workers change nothing
+    assert not torch.equal(epoch(0, 1), epoch(0, 2))  # a new epoch draws anew
+
+
+def test_a_stopped_and_resumed_run_with_workers_matches_an_uninterrupted_one(tmp_path, tiny):
+    for name in ("a", "b"):
+        write_images(tmp_path / "img" / name, 16)
+    args = tiny_with(
+        tiny,
+        *options(tmp_path / "img"),
+        "model.name=mlp",
+        "train.batch_size=4",
+        "train.epochs=2",
+        "run.deterministic=true",
+    )
+    straight = fit(load_config(None, [*args, "run.name=straight", "data.num_workers=2"]))
+    fit(load_config(None, [*args, "run.name=split", "train.max_steps=9"]))  # mid-epoch 2
+    resumed = fit(
+        load_config(None, [*args, "run.name=split", "train.resume=auto", "data.num_workers=2"])
+    )
+    assert resumed["step"] == straight["step"]
+    for key, value in straight["model"].state_dict().items():
+        assert torch.equal(value, resumed["model"].state_dict()[key]), key

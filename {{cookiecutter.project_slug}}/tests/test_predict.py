@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, tiny_with
 
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.data import DATASETS
 from {{ cookiecutter.package_name }}.inference import load_trained, validation_set
-from {{ cookiecutter.package_name }}.models import MODELS
 from {{ cookiecutter.package_name }}.trainer import fit
 
 
@@ -100,9 +98,9 @@ def test_a_table_without_the_trained_columns_is_one_line(demo_data, tiny, tmp_pa
     assert "unknown file type" in capsys.readouterr().err
 
 
-@pytest.mark.skipif("image_folder" not in DATASETS, reason="no image_folder dataset yet")
 def test_image_files_match_evaluate(tiny, tmp_path):
-    Image = pytest.importorskip("PIL.Image")
+    from PIL import Image  # in the dev extra
+
     g = torch.Generator().manual_seed(0)
     colours = {"blue": (0, 0, 200), "red": (200, 0, 0)}
     for split, n in (("train", 24), ("val", 8)):
@@ -113,15 +111,14 @@ def test_image_files_match_evaluate(tiny, tmp_path):
                 pixels = (torch.tensor(colour) + noise).clamp(0, 255).to(torch.uint8)
                 Image.fromarray(pixels.numpy()).save(tmp_path / "img" / split / name / f"{i}.png")
     data = ["data.name=image_folder", f"data.root={tmp_path / 'img'}", "data.image_size=8"]
-    best = best_of([*tiny, *data, "model.name=mlp", "train.batch_size=8", "train.epochs=1"])
+    best = best_of(
+        tiny_with(tiny, *data, "model.name=mlp", "train.batch_size=8", "train.epochs=1")
+    )
     acc = cli.evaluate_checkpoint(best)["acc"]
     rows = predict(best, str(tmp_path / "img" / "val"), out=tmp_path / "p.csv")
     assert len(rows) == 16 and accuracy(rows) == pytest.approx(acc)
 
 
-@pytest.mark.skipif(
-    "text" not in DATASETS or "transformer" not in MODELS, reason="no text data / transformer yet"
-)
 def test_a_prompt_is_continued_with_the_checkpoint_vocabulary(tiny, tmp_path, capsys):
     (tmp_path / "t.txt").write_text("abcab" * 400)
     lm = [
@@ -136,7 +133,7 @@ def test_a_prompt_is_continued_with_the_checkpoint_vocabulary(tiny, tmp_path, ca
         "task.name=language_model",
         "train.epochs=1",
     ]
-    best = best_of([*tiny, *lm])
+    best = best_of(tiny_with(tiny, *lm))
     capsys.readouterr()
     code = cli.predict_main(["--checkpoint", best, "--prompt", "ab", "--tokens", "5"])
     text = capsys.readouterr().out.strip()

@@ -117,7 +117,7 @@ def test_grid_sweep_ranks_its_trials_and_writes_the_best_config(sequential):
     table = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
     assert [line.split(" | ")[1] for line in table] == [r["trial"] for r in rows]
     best = load_config(folder / "best.yaml")
-    assert (best.train.lr, best.model.depth) == (
+    assert (best.train.lr, best.model.options.depth) == (
         float(rows[0]["train.lr"]),
         int(rows[0]["model.depth"]),
     )

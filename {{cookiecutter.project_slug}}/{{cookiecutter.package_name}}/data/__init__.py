@@ -63,7 +63,20 @@ def build_datasets(cfg: DataConfig, targets: str, meta: dict | None = None):
     train_idx, val_idx, split = _split(pool, cfg)
     check_split(split, meta)
     meta = {**_prepare(pool, train_idx, meta), "split": split}
-    return Subset(pool, train_idx), Subset(pool, val_idx), meta
+    return Split(pool, train_idx), Split(pool, val_idx), meta
+
+
+class Split(Subset):
+    """torch's Subset that also passes on `(index, seed)` items (see ShardedSampler)."""
+
+    def __getitem__(self, item):
+        if isinstance(item, tuple):
+            return self.dataset[(self.indices[item[0]], item[1])]
+        return super().__getitem__(item)
+
+    def __getitems__(self, items: list) -> list:
+        # torch's contract: one sample per item, collated by the DataLoader afterwards.
+        return [self[item] for item in items]
 
 
 def _split(pool: Dataset, cfg: DataConfig) -> tuple[list[int], list[int], dict]:
@@ -123,7 +136,9 @@ def build_loader(
 ) -> DataLoader:
     """Training loaders shuffle per epoch and drop the ragged last batch so every rank steps
     the same number of times; evaluation loaders keep every sample exactly once."""
-    sampler = ShardedSampler(len(dataset), rank, world_size, shuffle=train, seed=seed, even=train)
+    # Datasets with random augmentation get a seed with each index (`seeded_items`).
+    seeded = train and getattr(source_of(dataset), "seeded_items", False)
+    sampler = ShardedSampler(len(dataset), rank, world_size, train, seed, train, seeded)
     batching = dict(batch_size=batch_size, sampler=sampler, drop_last=train)
     if isinstance(source_of(dataset), InMemoryDataset):
         # Whole batches of indices go to dataset[...] (one gather); torch's documented way
@@ -153,8 +168,11 @@ def close_loader(loader: DataLoader) -> None:
 
 
 def example_inputs(dataset: Dataset, n: int = 2) -> torch.Tensor:
-    """The inputs of the first `n` samples as a batch: what a model is tried on when built."""
-    return torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))])
+    """The inputs of the first `n` samples as a batch: what a model is tried on when built.
+    A dataset may draw random numbers (augmentation): torch's RNG is left as it was, so taking
+    an example never shifts the random stream a resumed run restores."""
+    with torch.random.fork_rng(devices=[]):
+        return torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))])
 
 
 def set_epoch(loader: DataLoader, epoch: int, start: int = 0) -> None:

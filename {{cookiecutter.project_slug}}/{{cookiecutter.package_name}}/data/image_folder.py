@@ -17,8 +17,9 @@ scaled to [0, 1] and normalised with mean and std; these and the class names tra
 checkpoint (`meta`), so evaluation and prediction read new images the same way.
 
 Training samples are augmented (augment: true), the held-out part of a pool is not: a random
-shift (reflect-pad, then crop back) and, with hflip, a random mirror image, drawn from torch's
-RNG. In a loader worker that RNG is seeded by the loader from run.seed, so a run repeats.
+shift (reflect-pad, then crop back) and, with hflip, a random mirror image, drawn from a seed
+the training sampler sends with each index, a function of (run.seed, epoch, sample): a sample
+is augmented the same way whichever worker reads it, and a resumed run draws as before.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Options:
 
 class ImageFolder(Dataset):
     Options = Options
+    seeded_items = True  # training items come as (index, seed): augmentation draws from seed
 
     @staticmethod
     def has_val_split(opts: Options) -> bool:
@@ -120,19 +122,22 @@ class ImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        # (index, seed) from the training loader: the augmentation depends on the seed alone.
+        i, seed = item if isinstance(item, tuple) else (item, None)
         x = decode(self.files[i], self.size)  # (3, S, S) in [0, 1]
         if self.augmented[i]:
-            x = self._augment(x)
+            g = torch.Generator().manual_seed(seed) if seed is not None else None
+            x = self._augment(x, g)
         return (x - self.mean) / self.std, self.y[i]
 
-    def _augment(self, x: torch.Tensor) -> torch.Tensor:
+    def _augment(self, x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
         # A shift of up to 1/8 of the side: reflect-pad, then crop a random window back.
         pad = max(1, self.size // 8)
         padded = F.pad(x[None], (pad, pad, pad, pad), mode="reflect")[0]
-        top, left = torch.randint(2 * pad + 1, (2,)).tolist()
+        top, left = torch.randint(2 * pad + 1, (2,), generator=g).tolist()
         x = padded[:, top : top + self.size, left : left + self.size]
-        if self.opts.hflip and torch.rand(()) < 0.5:
+        if self.opts.hflip and torch.rand((), generator=g) < 0.5:
             x = x.flip(-1)
         return x.contiguous()
 

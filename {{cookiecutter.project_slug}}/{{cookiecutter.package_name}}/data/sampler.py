@@ -22,12 +22,17 @@ class ShardedSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         even: bool = True,
+        seeded: bool = False,
     ):
         """`even`: every rank gets the same count (pads by wrapping around; for training, where
         ranks must step together). Without it shards differ by at most one and no sample
-        repeats (for evaluation, where a repeat would be counted twice)."""
+        repeats (for evaluation, where a repeat would be counted twice).
+
+        `seeded`: yield `(index, seed)` pairs, the seed a function of (seed, epoch, index)
+        only, for datasets whose random augmentation draws from it: a sample is augmented the
+        same way whichever worker, rank or resumed run reads it, so resume stays exact."""
         self.size, self.rank, self.world_size = size, rank, world_size
-        self.shuffle, self.seed, self.even = shuffle, seed, even
+        self.shuffle, self.seed, self.even, self.seeded = shuffle, seed, even, seeded
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -47,7 +52,11 @@ class ShardedSampler(Sampler[int]):
         return order[self.start :]
 
     def __iter__(self):
-        return iter(self._global_order()[self.rank :: self.world_size].tolist())
+        indices = self._global_order()[self.rank :: self.world_size].tolist()
+        if not self.seeded:
+            return iter(indices)
+        base = (self.seed * 1_000_003 + self.epoch) * 1_000_033
+        return iter((i, (base + i) % 2**63) for i in indices)
 
     def __len__(self) -> int:
         return len(range(self.rank, len(self._global_order()), self.world_size))

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from .config import BEST_MODES
+from .utils.plots import INSTALL_HINT, pyplot, save_figure
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -111,13 +112,9 @@ def _write_best(sweep_dir: Path, best: dict) -> None:
 
 def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> None:
     """metric_vs_<key>.png per swept key, where matplotlib is installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("plots: pip install matplotlib for metric_vs_<key>.png")
+    plt = pyplot()
+    if plt is None:
+        print(f"plots: {INSTALL_HINT} for metric_vs_<key>.png")
         return
     rows = [row for row in rows if row["n"]]
     for key in keys:
@@ -130,8 +127,7 @@ def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> Non
         ax.set_xlabel(key)
         ax.set_ylabel(f"best val {metric}")
         fig.tight_layout()
-        fig.savefig(sweep_dir / f"metric_vs_{key}.png")
-        plt.close(fig)
+        save_figure(fig, sweep_dir / f"metric_vs_{key}.png")
 
 
 def _number(value: str):

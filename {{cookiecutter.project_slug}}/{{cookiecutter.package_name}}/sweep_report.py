@@ -28,7 +28,7 @@ def aggregate(values: list[float]) -> tuple[float, float, int]:
 def report(sweep_dir: Path, trials: list[dict]) -> int:
     """Print the ranked table and write results.csv, best.yaml and the plots; 0, or 1 when
     no trial has a result yet."""
-    runs = _runs_csv(sweep_dir)
+    runs = runs_table(sweep_dir)
     metric, mode = None, "max"
     by_group: dict[str, dict] = {}
     for trial in trials:
@@ -42,7 +42,7 @@ def report(sweep_dir: Path, trials: list[dict]) -> int:
         metric = config["train"]["best_metric"]
         mode = config["train"]["best_mode"]
         mode = BEST_MODES[metric] if mode == "auto" else mode
-        value = _best_value(sweep_dir, trial["id"], metric, runs)
+        value = best_value(sweep_dir, trial["id"], metric, runs)
         if value is not None:
             group["values"].append(value)
     if metric is None:
@@ -73,13 +73,18 @@ def rank(by_group: dict[str, dict], mode: str) -> list[dict]:
 
 def table(rows: list[dict], keys: list[str], metric: str, mode: str) -> str:
     head = ["rank", "trial", *keys, f"best val {metric} ({mode})", "runs", "state"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = []
     for i, row in enumerate(rows, 1):
         value = _pm(row) if row["n"] else "-"
         n = f"{row['n']}/{len(row['trials'])}"
-        cells = [str(i), row["group"], *(str(row["settings"].get(k, "")) for k in keys)]
-        lines.append("| " + " | ".join([*cells, value, n, ",".join(row["state"])]) + " |")
-    return "\n".join(lines)
+        settings = [str(row["settings"].get(k, "")) for k in keys]
+        cells.append([str(i), row["group"], *settings, value, n, ",".join(row["state"])])
+    return markdown_table(head, cells)
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _pm(row: dict) -> str:
@@ -137,7 +142,8 @@ def _number(value: str):
         return value
 
 
-def _runs_csv(sweep_dir: Path) -> dict[str, dict]:
+def runs_table(sweep_dir: Path) -> dict[str, dict]:
+    """<sweep_dir>/runs.csv (any output folder's) as {run name: row}."""
     path = sweep_dir / "runs.csv"
     if not path.exists():
         return {}
@@ -150,8 +156,9 @@ def _run_config(run_dir: Path) -> dict | None:
     return yaml.safe_load(path.read_text()) if path.exists() else None
 
 
-def _best_value(sweep_dir: Path, trial: str, metric: str, runs: dict) -> float | None:
-    """The run's best validation value: its runs.csv row, else its last checkpoint's."""
+def best_value(sweep_dir: Path, trial: str, metric: str, runs: dict) -> float | None:
+    """The best validation value of run <sweep_dir>/<trial>: its row of runs.csv (`runs`,
+    from runs_table), else its last checkpoint's."""
     value = runs.get(trial, {}).get(f"best_val_{metric}")
     if value:
         return float(value)

@@ -42,6 +42,7 @@ EXPECTED = {
     "scripts/benchmark_gpu.py",
     "scripts/gpu_check.py",
     "scripts/sweep.py",
+    "scripts/compare_runs.py",
     "PKG/__init__.py",
     "PKG/cli.py",
     "PKG/config.py",
@@ -55,6 +56,7 @@ EXPECTED = {
     "PKG/sweep.py",
     "PKG/sweep_plan.py",
     "PKG/sweep_report.py",
+    "PKG/compare.py",
     "PKG/utils/signals.py",
     "PKG/data/__init__.py",
     "PKG/data/sampler.py",
@@ -68,6 +70,8 @@ EXPECTED = {
     "PKG/utils/__init__.py",
     "PKG/utils/device.py",
     "PKG/utils/logger.py",
+    "PKG/utils/plots.py",
+    "PKG/utils/trackers.py",
     "PKG/utils/seed.py",
     "tests/conftest.py",
     "tests/test_config.py",
@@ -84,6 +88,9 @@ EXPECTED = {
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
     "tests/test_sweep.py",
+    "tests/test_plots.py",
+    "tests/test_compare.py",
+    "tests/test_trackers.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

@@ -131,12 +131,10 @@ def plot_overlay(runs: dict[str, dict[str, list[float]]], out: Path, x: str = "s
     cmap = plt.get_cmap("tab10" if len(runs) <= 10 else "viridis")
     colours = [cmap(i if len(runs) <= 10 else i / (len(runs) - 1)) for i in range(len(runs))]
     fig, axes = subplot_grid(plt, len(metrics))
-    lines = 0
     for ax, metric in zip(axes, metrics, strict=True):
         for columns, colour in zip(runs.values(), colours, strict=True):
             if metric in columns and x in columns:
                 ax.plot(columns[x], columns[metric], color=colour, marker="o", markersize=3)
-                lines += 1
         ax.set_title(metric)
         ax.set_xlabel(x)
     legend = [
@@ -145,8 +143,7 @@ def plot_overlay(runs: dict[str, dict[str, list[float]]], out: Path, x: str = "s
     ]
     axes[0].legend(handles=legend, fontsize="small")
     fig.tight_layout()
-    save_figure(fig, out)
-    return lines
+    return save_figure(fig, out)
 
 
 def _settings(config: dict) -> dict:

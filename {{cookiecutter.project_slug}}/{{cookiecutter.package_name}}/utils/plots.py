@@ -28,9 +28,11 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> int:
     """Write the PNG through a temporary file and a rename, then free the figure: a reader (an
-    image viewer refreshing, a sync job) never sees half a file."""
+    image viewer refreshing, a sync job) never sees half a file. Returns the number of lines
+    the figure held, which tests check."""
+    lines = sum(len(ax.get_lines()) for ax in fig.axes)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         fig.savefig(tmp, format="png", dpi=100)
@@ -38,6 +40,7 @@ def save_figure(fig, path: Path) -> None:
     finally:
         tmp.unlink(missing_ok=True)
         pyplot().close(fig)  # pyplot keeps every figure alive until closed
+    return lines
 
 
 def read_columns(path: Path) -> dict[str, list[float]]:
@@ -72,19 +75,17 @@ def curve_panels(columns: dict[str, list[float]]) -> dict[str, list[str]]:
 
 
 def plot_curves(metrics_csv: Path, out: Path) -> int:
-    """Draw out (curves.png) from metrics_csv; returns the number of lines drawn (0: matplotlib
-    missing or nothing to draw yet, and no file written)."""
+    """Draw out (curves.png) from metrics_csv; returns the number of lines the figure holds
+    (0: matplotlib missing or nothing to draw yet, and no file written)."""
     plt = pyplot()
     columns = read_columns(metrics_csv)
     panels = curve_panels(columns)
     if plt is None or "step" not in columns or not panels:
         return 0
     fig, axes = subplot_grid(plt, len(panels))
-    lines = 0
-    for ax, (title, names) in zip(axes, panels.items(), strict=False):
+    for ax, (title, names) in zip(axes, panels.items(), strict=True):
         for name in names:
             ax.plot(columns["step"], columns[name], marker="o", markersize=3, label=name)
-            lines += 1
         ax.set_title(title)
         ax.set_xlabel("step")
         if title == "learning rate":
@@ -93,8 +94,7 @@ def plot_curves(metrics_csv: Path, out: Path) -> int:
             ax.legend()
     fig.suptitle(metrics_csv.parent.name)
     fig.tight_layout()
-    save_figure(fig, out)
-    return lines
+    return save_figure(fig, out)
 
 
 def subplot_grid(plt, panels: int):

@@ -26,7 +26,9 @@ def write_metrics(path: Path, header: str, rows: list[str]) -> Path:
     return path
 
 
-def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch):
+@pytest.fixture
+def drawings(monkeypatch) -> list[tuple[int, int]]:
+    """(rows of metrics.csv, lines drawn) of each drawing of curves.png during training."""
     pytest.importorskip("matplotlib", reason="plots are optional: pip install -e '.[plots]'")
     drawn = []
 
@@ -36,9 +38,14 @@ def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch):
         return lines
 
     monkeypatch.setattr(logger, "plot_curves", spy)
+    return drawn
+
+
+def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawings):
+    monkeypatch.setattr(logger, "REDRAW_EVERY_S", 0)  # as when epochs are long
     fit(load_config(None, tiny))  # 2 epochs
     # After each epoch, from every row so far: train+val loss, val/acc, lr.
-    assert drawn == [(1, 4), (2, 4)]
+    assert drawings == [(1, 4), (2, 4)]
     png = run_folder(tiny) / "curves.png"
     assert png.read_bytes()[:8] == PNG_MAGIC
     import matplotlib.image
@@ -46,6 +53,11 @@ def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch):
     height, width, _ = matplotlib.image.imread(png).shape
     assert height > 100 and width > 100
     assert not list(png.parent.glob(".curves.png.tmp*"))  # written through a rename
+
+
+def test_short_epochs_are_drawn_once_when_the_run_ends(tiny, drawings):
+    fit(load_config(None, [*tiny, "train.epochs=3"]))
+    assert drawings == [(3, 4)]
 
 
 @pytest.mark.parametrize(

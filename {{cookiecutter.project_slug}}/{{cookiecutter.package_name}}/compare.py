@@ -16,7 +16,7 @@ import yaml
 
 from .errors import UserError
 from .sweep_report import best_value, markdown_table, runs_table
-from .utils.plots import INSTALL_HINT, pyplot, read_columns, save_figure, subplot_grid
+from .utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
 
 # How a run was named or started, not how it trained: never listed as a difference.
 NOT_COMPARED = ("run.name", "train.resume")
@@ -33,7 +33,7 @@ def compare(args: list[str], out: Path, x: str = "step") -> int:
     lines = plot_overlay(curves, out, x)
     if lines:
         print(f"validation curves: {out}")
-    elif pyplot() is None:
+    elif not available():
         print(f"no plot without matplotlib; to draw it: {INSTALL_HINT}")
     return 0
 
@@ -122,15 +122,15 @@ def table(labels: list[str], summaries: list[dict]) -> str:
 def plot_overlay(runs: dict[str, dict[str, list[float]]], out: Path, x: str = "step") -> int:
     """One panel per validation metric, a line per run in its own colour (the same in every
     panel); returns the number of lines drawn, 0 (and no file) without matplotlib or data."""
-    plt = pyplot()
     metrics = list(dict.fromkeys(c for cols in runs.values() for c in cols if c[:4] == "val/"))
-    if plt is None or not metrics:
+    if not metrics or not available():
         return 0
+    from matplotlib import colormaps
     from matplotlib.lines import Line2D
 
-    cmap = plt.get_cmap("tab10" if len(runs) <= 10 else "viridis")
+    cmap = colormaps["tab10" if len(runs) <= 10 else "viridis"]
     colours = [cmap(i if len(runs) <= 10 else i / (len(runs) - 1)) for i in range(len(runs))]
-    fig, axes = subplot_grid(plt, len(metrics))
+    fig, axes = subplot_grid(len(metrics))
     for ax, metric in zip(axes, metrics, strict=True):
         for columns, colour in zip(runs.values(), colours, strict=True):
             if metric in columns and x in columns:
@@ -142,7 +142,6 @@ def plot_overlay(runs: dict[str, dict[str, list[float]]], out: Path, x: str = "s
         for label, c in zip(runs, colours, strict=True)
     ]
     axes[0].legend(handles=legend, fontsize="small")
-    fig.tight_layout()
     return save_figure(fig, out)
 
 

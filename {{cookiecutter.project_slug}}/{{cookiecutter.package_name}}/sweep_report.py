@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from .config import BEST_MODES
-from .utils.plots import INSTALL_HINT, pyplot, save_figure
+from .utils.plots import INSTALL_HINT, available, save_figure, subplot_grid
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -117,14 +117,14 @@ def _write_best(sweep_dir: Path, best: dict) -> None:
 
 def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> None:
     """metric_vs_<key>.png per swept key, where matplotlib is installed."""
-    plt = pyplot()
-    if plt is None:
+    if not available():
         print(f"plots: {INSTALL_HINT} for metric_vs_<key>.png")
         return
     rows = [row for row in rows if row["n"]]
     for key in keys:
         points = sorted((_number(row["settings"][key]), row["mean"], row["std"]) for row in rows)
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, (ax,) = subplot_grid(1)
+        fig.set_size_inches(5, 3.5)
         ax.errorbar([p[0] for p in points], [p[1] for p in points], [p[2] for p in points],
                     fmt="o")  # fmt: skip
         if key.endswith("lr") and all(isinstance(p[0], float) for p in points):

@@ -14,8 +14,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .plots import INSTALL_HINT, plot_curves, pyplot
+from .plots import INSTALL_HINT, available, plot_curves
 from .trackers import open_trackers
+
+# curves.png is redrawn at an epoch's end once this long has passed since the last drawing
+# (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends.
+REDRAW_EVERY_S = 30.0
 
 try:
     import fcntl  # serialises runs.csv updates of runs that end at the same time
@@ -43,8 +47,9 @@ class MetricLogger:
         self.start_step = start_step
         self._writer = None
         self.trackers: list = []
-        self.curves = False  # curves.png, redrawn after each epoch's row
+        self.curves = False  # curves.png, redrawn from metrics.csv (when matplotlib is there)
         self._opened, self._elapsed = time.perf_counter(), 0.0
+        self._drawn_at, self._stale = self._opened, False  # curves.png vs metrics.csv
         if run_dir is not None:
             # Found now, before an epoch's work, rather than when the first row is due.
             for path in (run_dir / "metrics.csv", run_dir.parent / "runs.csv"):
@@ -53,7 +58,7 @@ class MetricLogger:
             kept = _drop_rows_after(run_dir / "metrics.csv", start_step)
             # Wall time continues across resumes (the time between attempts is not counted).
             self._elapsed = float(kept[-1].get("time/elapsed_s") or 0) if kept else 0.0
-            self.curves = pyplot() is not None
+            self.curves = available()
             if not self.curves:
                 print(f"note: no curves.png without matplotlib; to draw it: {INSTALL_HINT}")
             self.trackers = open_trackers(
@@ -82,13 +87,14 @@ class MetricLogger:
 
     def epoch(self, row: dict[str, float]) -> None:
         """Append one row to metrics.csv (written header-first, appended on resume), with
-        the wall time since the run started, and redraw curves.png."""
+        the wall time since the run started; redraw curves.png if REDRAW_EVERY_S passed."""
         if not self.enabled:
             return
         row = {**row, "time/elapsed_s": self._elapsed + time.perf_counter() - self._opened}
         self.scalars(int(row["step"]), {k: v for k, v in row.items() if "/" in k})
         _append_csv(self.run_dir / "metrics.csv", row)
-        if self.curves:
+        self._stale = True
+        if time.perf_counter() - self._drawn_at >= REDRAW_EVERY_S:
             self._draw_curves()
 
     def tracker_ids(self) -> dict[str, str]:
@@ -96,13 +102,17 @@ class MetricLogger:
         return {tracker.name: tracker.id for tracker in self.trackers}
 
     def _draw_curves(self) -> None:
+        if not (self.curves and self._stale):
+            return
         try:
             plot_curves(self.run_dir / "metrics.csv", self.run_dir / "curves.png")
         except Exception as exc:  # a plot is never worth a training run: note it, go on
             print(f"warning: curves.png not drawn ({type(exc).__name__}: {exc}); no more tries")
             self.curves = False
+        self._drawn_at, self._stale = time.perf_counter(), False
 
     def close(self) -> None:
+        self._draw_curves()  # the epochs since the last drawing
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -101,3 +101,20 @@ def test_mlflow_records_in_a_local_store_and_a_resume_continues_the_run(tiny, mo
     assert recorded.data.params["train.epochs"] == "1"  # as logged at start; resumes add keys
     assert recorded.data.params["run.loggers"] == "['csv', 'mlflow']"
     assert recorded.info.status == "FINISHED"
+
+
+def test_mlflow_starts_a_new_run_where_the_store_lacks_the_saved_one(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    pytest.importorskip("mlflow", reason="mlflow is optional: pip install mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first = [*tiny, "run.loggers=csv,mlflow", "train.max_steps=2"]
+    fit(load_config(None, first))
+    run = run_folder(first)
+    saved = checkpoint.load(run / "last.pt")["trackers"]["mlflow"]
+    # The resume logs to another store, one the user chose.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "elsewhere").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    fit(load_config(None, [*first, "train.max_steps=4", "train.resume=auto"]))
+    assert checkpoint.load(run / "last.pt")["trackers"]["mlflow"] != saved
+    assert f"note: MLflow run {saved} is not in " in capsys.readouterr().out

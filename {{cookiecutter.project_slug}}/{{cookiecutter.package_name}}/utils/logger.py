@@ -61,9 +61,7 @@ class MetricLogger:
             self.curves = available()
             if not self.curves:
                 print(f"note: no curves.png without matplotlib; to draw it: {INSTALL_HINT}")
-            self.trackers = open_trackers(
-                loggers, run_dir, config or {}, tracker_ids or {}, start_step
-            )
+            self.trackers = open_trackers(loggers, run_dir, config or {}, tracker_ids or {})
 
     @property
     def enabled(self) -> bool:

@@ -38,14 +38,14 @@ def check_installed(loggers) -> None:
             )
 
 
-def open_trackers(loggers, run_dir: Path, config: dict, ids: dict, start_step: int) -> list:
+def open_trackers(loggers, run_dir: Path, config: dict, ids: dict) -> list:
     """The trackers of `loggers`, each resuming its run in `ids` (name -> run id) if any."""
     kinds = {"wandb": WandbTracker, "mlflow": MlflowTracker}
     opened = []
     try:
         for name in loggers:
             if name in kinds:
-                opened.append(kinds[name](run_dir, config, ids.get(name), start_step))
+                opened.append(kinds[name](run_dir, config, ids.get(name)))
     except BaseException:
         for tracker in opened:  # one that fails to open leaves none of the others running
             tracker.close()
@@ -56,7 +56,7 @@ def open_trackers(loggers, run_dir: Path, config: dict, ids: dict, start_step: i
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, run_dir: Path, config: dict, run_id: str | None, start_step: int):
+    def __init__(self, run_dir: Path, config: dict, run_id: str | None):
         import wandb
 
         self.run = wandb.init(
@@ -83,7 +83,7 @@ class WandbTracker:
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, run_dir: Path, config: dict, run_id: str | None, start_step: int):
+    def __init__(self, run_dir: Path, config: dict, run_id: str | None):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -95,19 +95,29 @@ class MlflowTracker:
         with _environ(allow):
             # A client, not mlflow's module-level active run: nothing global is changed.
             self.client = MlflowClient(tracking_uri=uri)
-            logged: dict = {}
-            if run_id:
-                logged = self.client.get_run(run_id).data.params
-                self.client.update_run(run_id, status="RUNNING")
-            else:
-                run_id = self.client.create_run(self._experiment(), run_name=run_dir.name)
-                run_id = run_id.info.run_id
-        self.id = run_id
+            run = self._resume(run_id, uri) if run_id else None
+            if run is None:
+                run = self.client.create_run(self._experiment(), run_name=run_dir.name)
+        self.id = run.info.run_id
         # MLflow refuses to change a logged param: a resume adds only new keys; the settings
         # in force are in config.yaml, and the changes are printed at resume.
+        logged = run.data.params
         params = [Param(k, str(v)[:6000]) for k, v in _flat(config).items() if k not in logged]
         for i in range(0, len(params), 100):  # at most 100 params per request
-            self.client.log_batch(run_id, params=params[i : i + 100])
+            self.client.log_batch(self.id, params=params[i : i + 100])
+
+    def _resume(self, run_id: str, uri: str):
+        """The run to continue, running again; None where this store lacks it (another
+        MLFLOW_TRACKING_URI than before): a new run is started then."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            print(f"note: MLflow run {run_id} is not in {uri}; logging to a new run")
+            return None
+        self.client.update_run(run_id, status="RUNNING")
+        return run
 
     def _experiment(self) -> str:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)

@@ -3,6 +3,7 @@ their validation curves, and one-line errors for what is not a run."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,12 @@ def test_script_writes_compare_png_in_the_working_folder(three_runs, tmp_path):
     assert "| base |" in proc.stdout and "| wide |" not in proc.stdout
     pytest.importorskip("matplotlib", reason="plots are optional: pip install -e '.[plots]'")
     assert (tmp_path / "compare.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_without_matplotlib_the_table_still_prints(three_runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what a missing package looks like
+    out = tmp_path / "c.png"
+    assert cli.compare_main([str(three_runs), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert len(table_of(printed)) == 2 + 3 and not out.exists()
+    assert "no plot without matplotlib; to draw it: pip install -e '.[plots]'" in printed

@@ -35,6 +35,8 @@ def compare(args: list[str], out: Path, x: str = "step") -> int:
         print(f"validation curves: {out}")
     elif not available():
         print(f"no plot without matplotlib; to draw it: {INSTALL_HINT}")
+    else:
+        print(f"no plot: no validation rows in these runs' metrics.csv yet; {out} not written")
     return 0
 
 

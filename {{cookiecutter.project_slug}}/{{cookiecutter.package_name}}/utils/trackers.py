@@ -5,8 +5,9 @@ run folder, so nothing leaves the machine unless asked:
 
 - wandb: offline, under <run folder>/wandb/ (`wandb sync <run folder>/wandb/offline-run-*`
   uploads it later). A WANDB_MODE you set (online, disabled) is used instead.
-- mlflow: a file store at <run folder>/mlruns (`mlflow ui --backend-store-uri file:<that
-  path>`). An MLFLOW_TRACKING_URI you set (a server, sqlite:///mlflow.db) is used instead.
+- mlflow: a file store at <run folder>/mlruns (`MLFLOW_ALLOW_FILE_STORE=true mlflow ui
+  --backend-store-uri <that folder>`: MLflow 3 opens file stores only when told). An
+  MLFLOW_TRACKING_URI you set (a server, sqlite:///mlflow.db) is used instead.
 
 Each tracker's run id is saved in every checkpoint (`trackers` in the state), so a resumed
 run keeps logging into the same tracker run. Only rank 0 opens trackers (see logger.py).

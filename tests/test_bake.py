@@ -49,6 +49,7 @@ EXPECTED = {
     "scripts/sweep.py",
     "scripts/make_demo_data.py",
     "scripts/consolidate.py",
+    "scripts/compare_runs.py",
     "PKG/__init__.py",
     "PKG/cli.py",
     "PKG/config.py",
@@ -68,6 +69,7 @@ EXPECTED = {
     "PKG/sweep.py",
     "PKG/sweep_plan.py",
     "PKG/sweep_report.py",
+    "PKG/compare.py",
     "PKG/utils/signals.py",
     "PKG/data/__init__.py",
     "PKG/data/sampler.py",
@@ -89,6 +91,8 @@ EXPECTED = {
     "PKG/utils/__init__.py",
     "PKG/utils/device.py",
     "PKG/utils/logger.py",
+    "PKG/utils/plots.py",
+    "PKG/utils/trackers.py",
     "PKG/utils/seed.py",
     "tests/conftest.py",
     "tests/test_config.py",
@@ -115,6 +119,9 @@ EXPECTED = {
     "tests/test_report.py",
     "tests/test_predict.py",
     "tests/test_export.py",
+    "tests/test_plots.py",
+    "tests/test_compare.py",
+    "tests/test_trackers.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

@@ -41,7 +41,7 @@ TINY = [
     "train.epochs=2",
     "train.warmup_steps=2",
     "run.log_every=4",
-    "run.tensorboard=false",
+    "run.loggers=[csv]",
 ]
 STEPS_PER_EPOCH = 512 // 32
 EXIT_PREEMPTED = 75  # what scripts/train.py returns after saving on SIGTERM

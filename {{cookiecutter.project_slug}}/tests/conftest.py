@@ -24,7 +24,7 @@ TINY = [
     "train.epochs=2",
     "train.warmup_steps=2",
     "run.log_every=4",
-    "run.tensorboard=false",
+    "run.loggers=[csv]",
     "run.device=cpu",
 ]
 

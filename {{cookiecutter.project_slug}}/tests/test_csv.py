@@ -14,7 +14,7 @@ from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.trainer import fit
 
-FAST = ["run.device=cpu", "run.log_every=1000", "run.tensorboard=false", "train.warmup_steps=5"]
+FAST = ["run.device=cpu", "run.log_every=1000", "run.loggers=csv", "train.warmup_steps=5"]
 
 
 def table(path, header: str, rows: list[str]) -> str:

@@ -24,6 +24,7 @@ from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data.sampler import ShardedSampler
 from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.utils import plots
 
 slow = pytest.mark.slow
 
@@ -151,10 +152,12 @@ def test_train_script_under_torchrun_writes_one_run_folder(tmp_path):
     assert proc.stdout.count("run default: cnn") == 1 and "cpu x 2" in proc.stdout
     assert proc.stdout.count("epoch 2/2 |") == 1
     assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
+    plot = ["curves.png"] if plots.available() else []  # matplotlib is optional
     assert sorted(p.name for p in (out / "default").iterdir()) == [
         ".lock",
         "best.pt",
         "config.yaml",
+        *plot,
         "last.pt",
         "metrics.csv",
         "step-00000008.pt",

@@ -109,7 +109,7 @@ def test_classes_are_sorted_and_travel_in_the_checkpoint(tmp_path):
     run = [
         *options(tmp_path / "images", "data.mean=0.4", "data.std=0.2,0.25,0.3"),
         *("model.width=4", "train.batch_size=8", "train.epochs=1", "train.warmup_steps=1"),
-        *("run.device=cpu", "run.tensorboard=false", f"run.output_dir={tmp_path / 'runs'}"),
+        *("run.device=cpu", "run.loggers=csv", f"run.output_dir={tmp_path / 'runs'}"),
     ]
     fit(load_config(None, run))
     meta = checkpoint.load(tmp_path / "runs" / "default" / "best.pt")["data"]
@@ -130,7 +130,7 @@ def test_an_undecodable_image_is_named_in_one_line_even_from_a_loader_worker(tmp
         "scripts/train.py",
         *options(tmp_path, f"data.num_workers={workers}"),
         *("model.width=4", "train.batch_size=4", "train.epochs=1", "run.device=cpu"),
-        *("run.tensorboard=false", f"run.output_dir={tmp_path / 'runs'}"),
+        *("run.loggers=csv", f"run.output_dir={tmp_path / 'runs'}"),
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
@@ -188,7 +188,7 @@ def test_image_folder_example_learns_and_evaluate_agrees(demo_data, tmp_path):
         [
             "train.epochs=3",
             "run.device=cpu",
-            "run.tensorboard=false",
+            "run.loggers=csv",
             f"run.output_dir={tmp_path}",
         ],
     )

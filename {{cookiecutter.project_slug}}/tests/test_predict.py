@@ -50,7 +50,7 @@ def test_synthetic_val_split_and_tensor_file_match_evaluate(tiny, tmp_path):
 def csv_run(demo_data, tiny, kind: str) -> str:
     config = CONFIGS / "experiments" / "csv_regression.yaml"
     output_dir = load_config(None, tiny).run.output_dir  # tiny's other keys are synthetic's
-    common = ["train.epochs=2", "run.tensorboard=false", "run.device=cpu"]
+    common = ["train.epochs=2", "run.loggers=csv", "run.device=cpu"]
     common += [f"run.output_dir={output_dir}", f"run.name=csv_{kind}"]
     if kind == "classes":
         common += ["data.path=data/demo/classes.csv", "data.label=species"]

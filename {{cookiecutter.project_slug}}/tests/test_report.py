@@ -83,7 +83,7 @@ def test_regression_report_draws_predicted_against_true(demo_data, tiny, tmp_pat
         [
             "train.epochs=1",
             "run.device=cpu",
-            "run.tensorboard=false",
+            "run.loggers=csv",
             f"run.output_dir={output_dir}",
         ],
     )

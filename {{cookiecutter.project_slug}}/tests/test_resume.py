@@ -220,7 +220,7 @@ def test_runs_table_keeps_one_row_per_run_under_one_header(tiny):
 def test_a_resumed_run_logs_each_step_once(tiny):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    logged = [*tiny, "run.tensorboard=true", "train.keep_last=3", "run.log_every=1"]
+    logged = [*tiny, "run.loggers=[csv,tensorboard]", "train.keep_last=3", "run.log_every=1"]
     fit(load_config(None, [*logged, "train.epochs=3"]))
     newest = sorted(run_dir(tiny).glob("step-*.pt"))[-1]
     clobber(newest)  # resume falls back to epoch 2 and trains epoch 3 again

@@ -74,7 +74,7 @@ def lm_overrides(tmp_path: Path, path: Path) -> list[str]:
         "train.batch_size=4",
         "train.epochs=1",
         "train.warmup_steps=1",
-        "run.tensorboard=false",
+        "run.loggers=csv",
         "run.device=cpu",
         f"run.output_dir={tmp_path / 'runs'}",
     ]
@@ -152,7 +152,7 @@ def test_generate_appends_the_requested_tokens_from_the_vocabulary():
 def test_char_lm_example_learns_and_evaluate_reproduces_its_best(demo_data, tmp_path):
     cfg = load_config(
         CONFIGS / "experiments" / "char_lm.yaml",
-        ["run.device=cpu", "run.tensorboard=false", f"run.output_dir={tmp_path}"],
+        ["run.device=cpu", "run.loggers=csv", f"run.output_dir={tmp_path}"],
     )
     result = fit(cfg)
     vocab = len(checkpoint.load(tmp_path / "char_lm" / "best.pt")["data"]["vocab"])

@@ -205,7 +205,7 @@ def test_checkpoint_errors(tmp_path, tiny):
 
 
 def test_tensorboard_events_and_the_runs_table_are_written(tiny):
-    fit(load_config(None, [*tiny, "run.tensorboard=true"]))
+    fit(load_config(None, [*tiny, "run.loggers=[csv,tensorboard]"]))
     events = list(Path(run_dir(tiny), "tb").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
     runs = Path(load_config(None, tiny).run.output_dir, "runs.csv").read_text().splitlines()

@@ -91,6 +91,31 @@ def consolidate_main(argv: list[str] | None = None) -> int:
     return _guard(run, args.debug)
 
 
+def compare_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Compare runs: a table of their results and the settings that differ, "
+        "and their validation curves on one plot."
+    )
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run folders (checkpoints/<run.name>), folders of runs (a sweep), or a glob: "
+        "checkpoints/*",
+    )
+    parser.add_argument("--out", default="compare.png", help="the plot (default: compare.png)")
+    parser.add_argument("--x", choices=("step", "epoch"), default="step", help="x axis")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        from .compare import compare
+
+        return compare(args.runs, Path(args.out), args.x)
+
+    return _guard(run, args.debug)
+
+
 def evaluate_checkpoint(
     path: str, overrides: list[str] = (), report_dir: str | None = None
 ) -> dict | None:

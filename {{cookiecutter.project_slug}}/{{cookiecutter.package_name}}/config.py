@@ -21,6 +21,8 @@ import yaml
 
 from .errors import ConfigError
 
+Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]  # see utils/logger.py, utils/trackers.py
+
 
 @dataclass
 class RunConfig:
@@ -30,7 +32,10 @@ class RunConfig:
     output_dir: str = "checkpoints"  # parent folder of every run folder
     deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
     log_every: int = 50  # optimizer steps between loss reads (each read waits for the GPU)
-    tensorboard: bool = True  # TensorBoard events beside metrics.csv
+    # Where metrics go: csv (metrics.csv + curves.png; always written) | tensorboard | wandb |
+    # mlflow. wandb and mlflow record offline inside the run folder unless WANDB_MODE or
+    # MLFLOW_TRACKING_URI say otherwise; pip install them to use them.
+    loggers: list[Logger] = field(default_factory=lambda: ["csv", "tensorboard"])
     threads: int = 0  # torch CPU threads per process; 0 = auto (usable CPUs / local processes)
 
 
@@ -508,7 +513,11 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             value = next((c for c in _BOOL_WORDS[value] if c in choices), value)
         if value in choices:
             return value
-        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+        guess = closest(value, choices) if isinstance(value, str) else None
+        tip = f" (did you mean '{guess}'?)" if guess else ""
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}{tip}")
+    if typing.get_origin(hint) is list:
+        return _coerce_list(value, typing.get_args(hint)[0], key)
     ok = False
     if hint is bool:
         ok = isinstance(value, bool)
@@ -534,3 +543,19 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if not ok:
         raise ConfigError(f"{key} expects {hint.__name__}, got {value!r} ({type(value).__name__})")
     return value
+
+
+def _coerce_list(value: Any, item: Any, key: str) -> list:
+    """A list setting: a YAML list, or text split at commas (`run.loggers=csv,wandb` needs no
+    brackets, which shells expand); each item checked as `item`, repeats dropped."""
+    if value is None:
+        value = []
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list):
+        raise ConfigError(
+            f"{key} expects a list such as [a, b] or a,b; got {_short(repr(value))} "
+            f"({type(value).__name__})"
+        )
+    items = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    return list(dict.fromkeys(items))

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from .config import from_dict
+from .utils.plots import INSTALL_HINT, available, save_figure, subplot_grid
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -27,7 +28,7 @@ def aggregate(values: list[float]) -> tuple[float, float, int]:
 def report(sweep_dir: Path, trials: list[dict]) -> int:
     """Print the ranked table and write results.csv, best.yaml and the plots; 0, or 1 when
     no trial has a result yet."""
-    runs = _runs_csv(sweep_dir)
+    runs = runs_table(sweep_dir)
     metric, mode = None, "max"
     by_group: dict[str, dict] = {}
     for trial in trials:
@@ -39,7 +40,7 @@ def report(sweep_dir: Path, trials: list[dict]) -> int:
         if trial["state"] != "done" or config is None:
             continue
         metric, mode = from_dict(config).best()
-        value = _best_value(sweep_dir, trial["id"], metric, runs)
+        value = best_value(sweep_dir, trial["id"], metric, runs)
         if value is not None:
             group["values"].append(value)
     if metric is None:
@@ -70,13 +71,18 @@ def rank(by_group: dict[str, dict], mode: str) -> list[dict]:
 
 def table(rows: list[dict], keys: list[str], metric: str, mode: str) -> str:
     head = ["rank", "trial", *keys, f"best val {metric} ({mode})", "runs", "state"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = []
     for i, row in enumerate(rows, 1):
         value = _pm(row) if row["n"] else "-"
         n = f"{row['n']}/{len(row['trials'])}"
-        cells = [str(i), row["group"], *(str(row["settings"].get(k, "")) for k in keys)]
-        lines.append("| " + " | ".join([*cells, value, n, ",".join(row["state"])]) + " |")
-    return "\n".join(lines)
+        settings = [str(row["settings"].get(k, "")) for k in keys]
+        cells.append([str(i), row["group"], *settings, value, n, ",".join(row["state"])])
+    return markdown_table(head, cells)
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _pm(row: dict) -> str:
@@ -109,18 +115,14 @@ def _write_best(sweep_dir: Path, best: dict) -> None:
 
 def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> None:
     """metric_vs_<key>.png per swept key, where matplotlib is installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("plots: pip install matplotlib for metric_vs_<key>.png")
+    if not available():
+        print(f"plots: {INSTALL_HINT} for metric_vs_<key>.png")
         return
     rows = [row for row in rows if row["n"]]
     for key in keys:
         points = sorted((_number(row["settings"][key]), row["mean"], row["std"]) for row in rows)
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, (ax,) = subplot_grid(1)
+        fig.set_size_inches(5, 3.5)
         ax.errorbar([p[0] for p in points], [p[1] for p in points], [p[2] for p in points],
                     fmt="o")  # fmt: skip
         if key.endswith("lr") and all(isinstance(p[0], float) for p in points):
@@ -128,8 +130,7 @@ def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> Non
         ax.set_xlabel(key)
         ax.set_ylabel(f"best val {metric}")
         fig.tight_layout()
-        fig.savefig(sweep_dir / f"metric_vs_{key}.png")
-        plt.close(fig)
+        save_figure(fig, sweep_dir / f"metric_vs_{key}.png")
 
 
 def _number(value: str):
@@ -139,7 +140,8 @@ def _number(value: str):
         return value
 
 
-def _runs_csv(sweep_dir: Path) -> dict[str, dict]:
+def runs_table(sweep_dir: Path) -> dict[str, dict]:
+    """<sweep_dir>/runs.csv (any output folder's) as {run name: row}."""
     path = sweep_dir / "runs.csv"
     if not path.exists():
         return {}
@@ -152,8 +154,9 @@ def _run_config(run_dir: Path) -> dict | None:
     return yaml.safe_load(path.read_text()) if path.exists() else None
 
 
-def _best_value(sweep_dir: Path, trial: str, metric: str, runs: dict) -> float | None:
-    """The run's best validation value: its runs.csv row, else its last checkpoint's."""
+def best_value(sweep_dir: Path, trial: str, metric: str, runs: dict) -> float | None:
+    """The best validation value of run <sweep_dir>/<trial>: its row of runs.csv (`runs`,
+    from runs_table), else its last checkpoint's."""
     value = runs.get(trial, {}).get(f"best_val_{metric}")
     if value:
         return float(value)

@@ -48,6 +48,7 @@ from .utils.device import (
 from .utils.logger import MetricLogger, record_run
 from .utils.seed import rng_state, seed_everything
 from .utils.signals import StopSignal
+from .utils.trackers import check_installed
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after saving; run again to resume
 COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do
@@ -102,6 +103,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     started = time.perf_counter()
     # Everything is built and checked before anything is written: bad input leaves no trace.
     check_amp(cfg.train.amp, device)
+    check_installed(cfg.run.loggers)  # wandb, mlflow: optional packages
     threads = configure_threads(cfg.run.threads)  # shared by the processes of this machine
     configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
     seed_everything(cfg.run.seed + dist.rank, cfg.run.deterministic)
@@ -182,7 +184,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         net = torch.compile(ddp) if cfg.train.compile else ddp
 
         if dist.is_main:
-            log = open_run_folder(cfg, ckpts, progress.step)
+            log = open_run_folder(cfg, ckpts, progress.step, (state or {}).get("trackers"))
             params = sum(p.numel() for p in model.parameters())
             print(
                 f"run {cfg.run.name}: {cfg.model.name} {params / 1e6:.2f}M params | {device} x "
@@ -249,11 +251,14 @@ def build_net(cfg: Config, train_set, task, device: torch.device, dist: DistInfo
     return model.to(device, memory_format=memory_format)
 
 
-def open_run_folder(cfg: Config, ckpts: RunFolder, step: int) -> MetricLogger:
-    """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on."""
+def open_run_folder(
+    cfg: Config, ckpts: RunFolder, step: int, tracker_ids: dict | None = None
+) -> MetricLogger:
+    """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on
+    (its trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
     ckpts.lock()
     ckpts.remove_stale_temporaries()
-    log = MetricLogger(ckpts.run_dir, cfg.run.tensorboard, start_step=step)  # checks its files
+    log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids)
     save_config(cfg, ckpts.run_dir / "config.yaml")
     return log
 
@@ -473,6 +478,7 @@ def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
             shards,
         )
         state["data"], state["io"] = loop.data_meta, loop.io
+        state["trackers"] = loop.log.tracker_ids()  # a resume continues the same tracker runs
         ckpts.save(state, loop.progress.step, is_best)
 
 

@@ -1,4 +1,5 @@
-"""Metric logging: a CSV row per epoch, TensorBoard scalars per log step, one row per run.
+"""Metric logging: a CSV row per epoch (and curves.png drawn from it), TensorBoard scalars and
+the experiment trackers of run.loggers per log step, one row per run.
 
 Only rank 0 creates a logger; the others get a disabled one, so callers never branch on rank.
 """
@@ -10,7 +11,15 @@ import errno
 import io
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from .plots import INSTALL_HINT, available, plot_curves
+from .trackers import open_trackers
+
+# curves.png is redrawn at an epoch's end once this long has passed since the last drawing
+# (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends.
+REDRAW_EVERY_S = 30.0
 
 try:
     import fcntl  # serialises runs.csv updates of runs that end at the same time
@@ -19,27 +28,49 @@ except ImportError:  # pragma: no cover
 
 
 class MetricLogger:
-    def __init__(self, run_dir: Path | None, tensorboard: bool = True, start_step: int = 0):
-        """`start_step`: the step the run (re)starts from. What an earlier attempt logged after
-        it (a crash after the checkpoint, a corrupt newest checkpoint) is dropped, so curves
-        and metrics.csv hold one value per step."""
+    def __init__(
+        self,
+        run_dir: Path | None,
+        loggers: Sequence[str] = ("csv", "tensorboard"),
+        start_step: int = 0,
+        config: dict | None = None,
+        tracker_ids: dict | None = None,
+    ):
+        """`loggers`: run.loggers; metrics.csv is written whatever it holds (resume, the
+        plots, compare_runs and sweeps read it). `start_step`: the step the run (re)starts
+        from. What an earlier attempt logged after it (a crash after the checkpoint, a corrupt
+        newest checkpoint) is dropped, so curves and metrics.csv hold one value per step.
+        `config` is logged to the trackers; `tracker_ids` (from the checkpoint) resumes
+        their runs."""
         self.run_dir = run_dir
-        self.tensorboard = tensorboard and run_dir is not None
+        self.tensorboard = "tensorboard" in loggers and run_dir is not None
         self.start_step = start_step
         self._writer = None
+        self.trackers: list = []
+        self.curves = False  # curves.png, redrawn from metrics.csv (when matplotlib is there)
+        self._opened, self._elapsed = time.perf_counter(), 0.0
+        self._drawn_at, self._stale = self._opened, False  # curves.png vs metrics.csv
         if run_dir is not None:
             # Found now, before an epoch's work, rather than when the first row is due.
             for path in (run_dir / "metrics.csv", run_dir.parent / "runs.csv"):
                 if path.is_dir():
                     raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-            _drop_rows_after(run_dir / "metrics.csv", start_step)
+            kept = _drop_rows_after(run_dir / "metrics.csv", start_step)
+            # Wall time continues across resumes (the time between attempts is not counted).
+            self._elapsed = float(kept[-1].get("time/elapsed_s") or 0) if kept else 0.0
+            self.curves = available()
+            if not self.curves:
+                print(f"note: no curves.png without matplotlib; to draw it: {INSTALL_HINT}")
+            self.trackers = open_trackers(loggers, run_dir, config or {}, tracker_ids or {})
 
     @property
     def enabled(self) -> bool:
         return self.run_dir is not None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Step-level curves (loss, lr, grad norm) for TensorBoard."""
+        """Step-level curves (loss, lr, grad norm) for TensorBoard and the trackers."""
+        for tracker in self.trackers:
+            tracker.log(values, step)
         if not self.tensorboard:
             return
         if self._writer is None:
@@ -53,16 +84,42 @@ class MetricLogger:
             self._writer.add_scalar(key, value, step)
 
     def epoch(self, row: dict[str, float]) -> None:
-        """Append one row to metrics.csv (written header-first, appended on resume)."""
+        """Append one row to metrics.csv (written header-first, appended on resume), with
+        the wall time since the run started; redraw curves.png if REDRAW_EVERY_S passed."""
         if not self.enabled:
             return
+        row = {**row, "time/elapsed_s": self._elapsed + time.perf_counter() - self._opened}
         self.scalars(int(row["step"]), {k: v for k, v in row.items() if "/" in k})
         _append_csv(self.run_dir / "metrics.csv", row)
+        self._stale = True
+        if time.perf_counter() - self._drawn_at >= REDRAW_EVERY_S:
+            self._draw_curves()
+
+    def tracker_ids(self) -> dict[str, str]:
+        """{tracker: run id}, saved in checkpoints so that a resume continues those runs."""
+        return {tracker.name: tracker.id for tracker in self.trackers}
+
+    def _draw_curves(self) -> None:
+        if not (self.curves and self._stale):
+            return
+        try:
+            plot_curves(self.run_dir / "metrics.csv", self.run_dir / "curves.png")
+        except Exception as exc:  # a plot is never worth a training run: note it, go on
+            print(f"warning: curves.png not drawn ({type(exc).__name__}: {exc}); no more tries")
+            self.curves = False
+        self._drawn_at, self._stale = time.perf_counter(), False
 
     def close(self) -> None:
+        self._draw_curves()  # the epochs since the last drawing
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            try:
+                tracker.close()
+            except Exception as exc:  # runs in train()'s finally: never hide the run's error
+                print(f"warning: {tracker.name} did not close cleanly: {exc}")
 
 
 def record_run(output_dir: Path, row: dict) -> None:
@@ -104,11 +161,13 @@ def _append_csv(path: Path, row: dict) -> None:
         os.close(fd)
 
 
-def _drop_rows_after(path: Path, step: int) -> None:
+def _drop_rows_after(path: Path, step: int) -> list[dict]:
+    """Drop the rows logged after `step`; returns the rows kept."""
     rows = _read_csv(path)
     kept = [row for row in rows if int(float(row.get("step") or 0)) <= step]
     if len(kept) < len(rows):
         _write_csv(path, list(rows[0]), kept)
+    return kept
 
 
 def _read_csv(path: Path) -> list[dict]:

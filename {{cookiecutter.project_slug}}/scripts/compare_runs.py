@@ -1,0 +1,12 @@
+"""Compare runs: a table (best metric, epochs, steps, wall time, the settings that differ) and
+their validation curves on one plot.
+
+python scripts/compare_runs.py checkpoints/*                       # every run, compare.png
+python scripts/compare_runs.py checkpoints/lrs --out lrs.png       # the trials of a sweep
+python scripts/compare_runs.py checkpoints/a checkpoints/b --x epoch
+"""
+
+from {{ cookiecutter.package_name }}.cli import compare_main
+
+if __name__ == "__main__":
+    raise SystemExit(compare_main())

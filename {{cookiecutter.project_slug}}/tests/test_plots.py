@@ -1,0 +1,101 @@
+"""curves.png: redrawn from metrics.csv at each epoch end, whatever validation metrics the task
+logs; matplotlib is optional and training goes on without it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.utils import logger, plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_folder(tiny) -> Path:
+    cfg = load_config(None, tiny)
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def write_metrics(path: Path, header: str, rows: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+@pytest.fixture
+def drawings(monkeypatch) -> list[tuple[int, int]]:
+    """(rows of metrics.csv, lines drawn) of each drawing of curves.png during training."""
+    pytest.importorskip("matplotlib", reason="plots are optional: pip install -e '.[plots]'")
+    drawn = []
+
+    def spy(metrics_csv, out):
+        lines = plots.plot_curves(metrics_csv, out)
+        drawn.append((len(metrics_csv.read_text().splitlines()) - 1, lines))
+        return lines
+
+    monkeypatch.setattr(logger, "plot_curves", spy)
+    return drawn
+
+
+def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawings):
+    monkeypatch.setattr(logger, "REDRAW_EVERY_S", 0)  # as when epochs are long
+    fit(load_config(None, tiny))  # 2 epochs
+    # After each epoch, from every row so far: train+val loss, val/acc, lr.
+    assert drawings == [(1, 4), (2, 4)]
+    png = run_folder(tiny) / "curves.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(png).shape
+    assert height > 100 and width > 100
+    assert not list(png.parent.glob(".curves.png.tmp*"))  # written through a rename
+
+
+def test_short_epochs_are_drawn_once_when_the_run_ends(tiny, drawings):
+    fit(load_config(None, [*tiny, "train.epochs=3"]))
+    assert drawings == [(3, 4)]
+
+
+@pytest.mark.parametrize(
+    ("header", "lines"),
+    [
+        # regression: a panel per metric, none of them acc
+        ("epoch,step,train/epoch_loss,val/loss,val/mae,val/rmse,val/r2,lr", 2 + 3 + 1),
+        # language model: per-step train/loss and train/lr preferred when present
+        ("epoch,step,train/loss,train/lr,val/loss,val/perplexity,lr", 2 + 1 + 1),
+        # no validation loss: the loss panel holds the training loss alone
+        ("epoch,step,train/epoch_loss,val/acc,lr", 1 + 1 + 1),
+    ],
+)
+def test_curves_plot_whatever_metrics_the_csv_holds(tmp_path, header, lines):
+    pytest.importorskip("matplotlib", reason="plots are optional: pip install -e '.[plots]'")
+    columns = header.count(",") + 1
+    rows = [",".join(str(step * 0.1 + i) for i in range(columns)) for step in (4, 8)]
+    rows = [f"{n},{n * 4},{row.split(',', 2)[2]}" for n, row in enumerate(rows, 1)]
+    csv = write_metrics(tmp_path / "run" / "metrics.csv", header, rows)
+    out = tmp_path / "run" / "curves.png"
+    assert plots.plot_curves(csv, out) == lines
+    assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_curves_read_a_column_added_on_resume_as_a_gap(tmp_path):
+    csv = write_metrics(tmp_path / "metrics.csv", "step,val/loss", ["4,1.0", "8,0.5,9"])
+    columns = plots.read_columns(csv)
+    assert columns["step"] == [4.0, 8.0] and columns["val/loss"] == [1.0, 0.5]
+
+
+def test_training_without_matplotlib_trains_and_says_how_to_install_it(tiny, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what a missing package looks like
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    result = fit(load_config(None, tiny))
+    assert result["epoch"] == 2
+    notes = [line for line in capsys.readouterr().out.splitlines() if "matplotlib" in line]
+    assert notes == [
+        "note: no curves.png without matplotlib; to draw it: pip install -e '.[plots]'"
+    ]
+    run = run_folder(tiny)
+    assert (run / "metrics.csv").is_file() and not (run / "curves.png").exists()

@@ -71,11 +71,11 @@ def test_overlay_draws_each_runs_validation_curves(three_runs, tmp_path):
 
 def test_one_setting_changed_one_column(tmp_path, capsys):
     out = tmp_path / "checkpoints"
-    a = fake_run(out, "a", ["data.fold_seed=1"], [0.5])
-    b = fake_run(out, "b", ["data.fold_seed=2", "train.resume=auto"], [0.6])
+    a = fake_run(out, "a", ["data.split_seed=1"], [0.5])
+    b = fake_run(out, "b", ["data.split_seed=2", "train.resume=auto"], [0.6])
     assert cli.compare_main([str(a), str(b), "--out", str(tmp_path / "c.png")]) == 0
     head = table_of(capsys.readouterr().out)[0]
-    assert head[5:] == ["data.fold_seed"]  # train.resume says how a run started: not listed
+    assert head[5:] == ["data.split_seed"]  # train.resume says how a run started: not listed
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from .config import from_dict
 from .errors import UserError
 from .sweep_report import best_value, markdown_table, runs_table
 from .utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
@@ -77,6 +78,14 @@ def _is_run(path: Path) -> bool:
     return (path / "config.yaml").is_file()
 
 
+def _best_metric(config: dict, run: Path) -> str:
+    """The metric that picked the run's best.pt (auto: its task's first)."""
+    try:
+        return from_dict(config).best()[0]
+    except UserError as exc:  # a config of another version of this project
+        raise UserError(f"{str(run / 'config.yaml')!r}: {exc}") from None
+
+
 def summarise(run: Path) -> dict:
     """What the table and the plot show of one run."""
     try:
@@ -86,7 +95,7 @@ def summarise(run: Path) -> dict:
     if not isinstance(config, dict):
         raise UserError(f"{str(run / 'config.yaml')!r} is not a config (a mapping of sections)")
     columns = read_columns(run / "metrics.csv")
-    metric = config.get("train", {}).get("best_metric", "loss")
+    metric = _best_metric(config, run)
     elapsed = _last(columns.get("time/elapsed_s", []))
     if math.isnan(elapsed):  # runs from before time/elapsed_s: training time only
         elapsed = math.fsum(v for v in columns.get("time/train_s", []) if not math.isnan(v))

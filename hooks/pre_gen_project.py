@@ -30,9 +30,12 @@ if sys.version_info < (3, 9):  # noqa: UP036 (the floor is what this checks at r
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
-# Import names of the baked project's dependencies (requirements.txt and the dev extra): a
+# Import names of the baked project's dependencies (requirements.txt and the extras): a
 # package of the same name would hide them.
-DEPENDENCIES = {"torch", "torchvision", "numpy", "PIL", "yaml", "tqdm", "tensorboard", "pytest", "ruff"}
+DEPENDENCIES = {
+    *("torch", "torchvision", "numpy", "yaml", "tqdm", "tensorboard", "pytest", "ruff"),
+    *("PIL", "matplotlib", "onnx", "onnxruntime", "wandb", "mlflow"),  # the optional extras
+}
 # Names that clash with the project's own folders or read as something else on sys.path.
 GENERIC_NAMES = {"test", "tests", "data", "models", "utils", "scripts", "configs", "src"}
 

@@ -93,12 +93,12 @@ def project(spec: dict) -> dict:
 
     pkg = spec["package"]
     cli = importlib.import_module(f"{pkg}.cli")
-    trainer = importlib.import_module(f"{pkg}.trainer")
+    loop = importlib.import_module(f"{pkg}.loop")
     MARKS["imports_done"] = time.time()
 
     # Validation is counted separately: its time spans are cut out of the measured interval.
     excluded: list[list[float]] = []
-    evaluate = trainer.evaluate
+    evaluate = loop.evaluate
 
     def timed_evaluate(*args, **kwargs):
         start = time.perf_counter()
@@ -107,7 +107,7 @@ def project(spec: dict) -> dict:
         finally:
             excluded.append([start, time.perf_counter()])
 
-    trainer.evaluate = timed_evaluate
+    loop.evaluate = timed_evaluate
     code = cli.train_main(spec["overrides"])
     if code != 0:
         raise SystemExit(f"train_main exited with {code}")

@@ -60,6 +60,7 @@ EXPECTED = {
     "PKG/parallel.py",
     "PKG/errors.py",
     "PKG/trainer.py",
+    "PKG/loop.py",
     "PKG/summary.py",
     "PKG/report.py",
     "PKG/inference.py",

@@ -317,9 +317,9 @@ def test_checkpoints_are_read_on_the_cpu(tiny, monkeypatch):
 # during the final save, SIGUSR1 during teardown. Only the first may count.
 _SIGNALLED = """
 import os, signal, sys
-from {{ cookiecutter.package_name }} import cli, distributed, run_folder, trainer
+from {{ cookiecutter.package_name }} import cli, distributed, loop, run_folder
 
-read, save, teardown = trainer.read_losses, run_folder.RunFolder.save, distributed.teardown
+read, save, teardown = loop.read_losses, run_folder.RunFolder.save, distributed.teardown
 
 def read_losses(loop, *args):
     if loop.progress.step == 3:
@@ -334,7 +334,7 @@ def tearing_down():
     teardown()
     os.kill(os.getpid(), signal.SIGUSR1)
 
-trainer.read_losses, run_folder.RunFolder.save = read_losses, saving
+loop.read_losses, run_folder.RunFolder.save = read_losses, saving
 distributed.teardown = tearing_down
 raise SystemExit(cli.train_main(sys.argv[1:]))
 """

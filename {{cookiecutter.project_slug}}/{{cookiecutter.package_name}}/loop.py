@@ -1,0 +1,298 @@
+"""The epoch loop: train an epoch, validate, save a checkpoint, report; until the last epoch,
+early stopping or a stop (a signal, train.max_steps), which saves where it is, mid-epoch too.
+
+trainer.train() builds what the loop works on: a Loop of the run's Data (datasets, loaders,
+task), its Trainee (model, optimizer, schedule) and where it stands (Progress).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from . import checkpoint, distributed, parallel, resume
+from .checkpoint import Progress
+from .config import Config, to_dict
+from .data import set_epoch
+from .distributed import DistInfo
+from .errors import UserError
+from .run_folder import RunFolder
+from .utils.device import autocast, memory_mb, to_device
+from .utils.logger import MetricLogger
+from .utils.seed import rng_state
+from .utils.signals import StopSignal
+
+
+class NonFiniteLoss(UserError):
+    pass
+
+
+@dataclass
+class Data:
+    """What the run trains and validates on, and the task that scores it."""
+
+    train_set: Dataset
+    val_set: Dataset
+    train_loader: DataLoader  # this rank's shard; resumable mid-epoch (data/sampler.py)
+    val_loader: DataLoader
+    task: object  # the loss and the metrics (tasks/)
+    meta: dict  # what prediction needs to read new inputs (classes, normalisation), saved
+    io: dict  # the model's input shape and dtype and output size (models.model_io), saved
+    steps_per_epoch: int
+    effective_batch: int  # batch_size x grad_accum_steps x ranks: samples per optimizer step
+
+
+@dataclass
+class Trainee:
+    """What is trained, and saved in every checkpoint."""
+
+    model: nn.Module  # the plain module (or its FSDP shards): what is saved and evaluated
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    lr: float  # the peak learning rate, after train.lr_scaling
+    ddp: nn.Module | None = None  # `model` inside DistributedDataParallel on >1 rank (ddp)
+    net: nn.Module | None = None  # what the forward pass calls: `ddp`, compiled on request
+
+
+@dataclass
+class Loop:
+    """One run in progress: its settings, data, trainee, position, logger and stop signal."""
+
+    cfg: Config
+    dist: DistInfo
+    device: torch.device
+    data: Data
+    trainee: Trainee
+    progress: Progress
+    log: MetricLogger
+    stop: StopSignal
+    vote: distributed.StopVote  # the ranks agree on a stop every couple of seconds
+
+
+def run_epochs(loop: Loop, ckpts: RunFolder) -> tuple[dict, str | None]:
+    """Train an epoch, validate, checkpoint; until the last epoch, early stopping, or a stop,
+    which saves where it is (mid-epoch too). Returns the last validation metrics and the stop
+    reason."""
+    cfg, progress = loop.cfg, loop.progress
+    metrics, (best_metric, best_mode) = {}, cfg.best()
+    for epoch in range(progress.epoch, cfg.train.epochs):
+        progress.epoch = epoch
+        set_epoch(loop.data.train_loader, epoch, start=progress.epoch_samples)
+        start = time.perf_counter()
+        stats, stopped = train_one_epoch(loop)
+        if stats is None:  # stopped mid-epoch: save the position inside it
+            save(loop, ckpts, is_best=False)
+            return metrics, stopped
+        train_time = time.perf_counter() - start
+        distributed.sync_buffers(
+            loop.trainee.model
+        )  # every rank evaluates the BatchNorm stats it saves
+        metrics = evaluate(
+            loop.trainee.model, loop.data.val_loader, loop.data.task, loop.device, cfg.train.amp
+        )
+        progress.epoch, progress.epoch_samples = epoch + 1, 0
+        is_best = progress.improves(
+            metrics[best_metric], best_mode, cfg.train.early_stop_min_delta
+        )
+        progress.train_seconds += train_time
+        progress.samples += stats["samples"]
+        progress.metrics = metrics
+        save(loop, ckpts, is_best)
+        report_epoch(loop, stats, metrics, train_time, is_best)
+        if not stopped and epoch + 1 < cfg.train.epochs:
+            stopped = resume.complete_reason(cfg, progress)  # early stopping (bad_epochs)
+        if stopped:
+            return metrics, stopped
+    return metrics, None
+
+
+def train_one_epoch(loop: Loop) -> tuple[dict | None, str | None]:
+    """Train to the end of the epoch or until a stop is due (signal, train.max_steps).
+
+    Returns the epoch's stats (None when it stopped before its end) and the stop reason."""
+    cfg, progress, device = loop.cfg, loop.progress, loop.device
+    loader = loop.data.train_loader
+    loop.trainee.net.train()
+    accum = cfg.train.grad_accum_steps
+    done = progress.epoch_samples // loop.data.effective_batch  # steps this epoch before a resume
+    steps_left = min(loop.data.steps_per_epoch - done, len(loader) // accum)
+    batches = iter(loader)
+    mixed_precision = autocast(device, cfg.train.amp)
+    # Losses stay on the device, detached, until the next log: reading a value (.item(),
+    # .tolist()) waits for the GPU, so it happens only every run.log_every steps; collecting
+    # them launches no kernel per step.
+    losses: list[torch.Tensor] = []
+    params = list(
+        loop.trainee.net.parameters()
+    )  # walked once: the module tree costs ~50 us a walk
+    since_log, epoch_loss, epoch_steps, stopped = 0, 0.0, 0, None
+    bar = tqdm(
+        total=loop.data.steps_per_epoch,
+        initial=done,
+        leave=False,
+        dynamic_ncols=True,
+        disable=None if loop.dist.is_main else True,
+        desc=f"epoch {progress.epoch + 1}/{cfg.train.epochs}",
+    )
+    finished = True  # also when a resumed epoch has nothing left to do
+    for i in range(steps_left):
+        for micro in range(accum):
+            x, y = to_device(next(batches), device)
+            if cfg.train.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            # Reduce gradients across ranks only on the last micro-step of an accumulation.
+            with parallel.no_sync(loop.trainee.ddp, skip=micro < accum - 1):
+                with mixed_precision:
+                    loss = loop.data.task.loss(loop.trainee.net(x), y)
+                # Divide so the accumulated gradient is the mean over the effective batch.
+                loop.trainee.scaler.scale(loss / accum).backward()
+            losses.append(loss.detach())
+        loop.trainee.scaler.unscale_(
+            loop.trainee.optimizer
+        )  # clip the true gradients, not fp16-scaled ones
+        grad_norm = parallel.clip_grad_norm_(params, cfg.train.grad_clip or math.inf)
+        loop.trainee.scaler.step(
+            loop.trainee.optimizer
+        )  # skipped when fp16 gradients overflowed (no error)
+        loop.trainee.scaler.update()
+        loop.trainee.optimizer.zero_grad(set_to_none=True)
+        loop.trainee.scheduler.step()
+        progress.step += 1
+        progress.epoch_samples += loop.data.effective_batch
+        since_log += 1
+        bar.update()
+
+        last = i == steps_left - 1
+        at_limit = 0 < cfg.train.max_steps <= progress.step
+        log_now = progress.step % cfg.run.log_every == 0 or last or at_limit
+        if not log_now and loop.vote.due(progress.step):
+            # Ranks compare stop requests every couple of seconds (distributed.StopVote); a
+            # stop is logged like the end of an interval.
+            log_now = loop.vote(progress.step)
+        if log_now:
+            avg, any_stop = read_losses(loop, losses, since_log)
+            epoch_loss, epoch_steps = epoch_loss + avg * since_log, epoch_steps + since_log
+            losses.clear()
+            since_log = 0
+            lr = loop.trainee.scheduler.get_last_lr()[0]
+            loop.log.scalars(
+                progress.step,
+                {"train/loss": avg, "train/lr": lr, "train/grad_norm": float(grad_norm)},
+            )
+            bar.set_postfix(loss=f"{avg:.4f}", lr=f"{lr:.2e}", refresh=False)
+            if any_stop:
+                stopped = loop.stop.reason or "signal on another rank"
+        if at_limit:
+            stopped = stopped or "max_steps"
+        if stopped:
+            finished = last
+            break
+    bar.close()
+    if not finished:
+        return None, stopped
+    stats = {
+        "loss": epoch_loss / max(epoch_steps, 1),
+        "samples": epoch_steps * loop.data.effective_batch,
+    }
+    return stats, stopped
+
+
+def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[float, bool]:
+    """Mean loss over ranks of the last `steps` steps, and whether any rank was asked to stop.
+    Raises NonFiniteLoss naming the first step whose loss was not finite."""
+    step_losses = torch.stack(losses).view(steps, -1).mean(1)  # (steps,): one mean per step
+    bad = ~torch.isfinite(step_losses)
+    first = bad.float().argmax() + (loop.progress.step - steps + 1)
+    first_bad = torch.where(bad.any(), first, -1).float()
+    # One small collective carries everything the ranks must agree on.
+    asked = torch.tensor(float(loop.stop.requested), device=loop.device)
+    flags = distributed.all_reduce_max(torch.stack([first_bad, asked]))
+    total = distributed.all_reduce_sum(step_losses.sum())
+    bad_step, any_stop = flags.tolist()
+    if bad_step >= 0:
+        raise NonFiniteLoss(
+            f"loss is not finite at step {int(bad_step)}; stopped, the last good checkpoint "
+            "is kept (lower train.lr, use train.amp=bf16, or check the data)"
+        )
+    return total.item() / loop.dist.world_size / steps, bool(any_stop)
+
+
+@torch.inference_mode()
+def evaluate(
+    model: nn.Module, loader, task, device: torch.device, amp: str = "off", observe=None
+) -> dict:
+    """The task's metrics over the whole split, counting each sample once on any number of
+    ranks: the task's sums and counts are all-reduced, never per-rank means. `observe(output,
+    y)`, if given, sees every batch (e.g. report.Collector)."""
+    was_training = model.training
+    model.eval()
+    totals = None
+    mixed_precision = autocast(device, amp)
+    for batch in loader:
+        x, y = to_device(batch, device)
+        with mixed_precision:
+            output = model(x)
+        sums = task.sums(output, y)
+        if observe is not None:
+            observe(output, y)
+        totals = sums if totals is None else totals + sums
+    if totals is None:  # no sample on this rank (fewer than ranks): zeros of the right size
+        x, y = to_device(loader.dataset[0], device)
+        totals = task.sums(model(x[None][:0]), y[None][:0])
+    distributed.all_reduce_sum(totals)
+    model.train(was_training)
+    return task.summarise(totals.tolist())
+
+
+def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
+    rngs = distributed.all_gather_object(rng_state())  # a collective: every rank calls it
+    run_dir, step = ckpts.run_dir, loop.progress.step
+    shards = parallel.save_shards(
+        loop.trainee.model, loop.trainee.optimizer, run_dir, step
+    )  # fsdp, every rank
+    if loop.dist.is_main:
+        state = checkpoint.training_state(
+            loop.trainee.model,
+            loop.trainee.optimizer,
+            loop.trainee.scheduler,
+            loop.trainee.scaler,
+            loop.progress,
+            to_dict(loop.cfg),
+            rngs,
+            loop.dist.world_size,
+            shards,
+        )
+        state["data"], state["io"] = loop.data.meta, loop.data.io
+        state["trackers"] = loop.log.tracker_ids()  # a resume continues the same tracker runs
+        ckpts.save(state, loop.progress.step, is_best)
+
+
+def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_best: bool):
+    """metrics.csv + TensorBoard (rank 0's logger) and one line on the console."""
+    row = {
+        "epoch": loop.progress.epoch,
+        "step": loop.progress.step,
+        "train/epoch_loss": stats["loss"],  # train/loss is the per-step curve
+        **{f"val/{k}": v for k, v in metrics.items() if k != "count"},
+        "lr": loop.trainee.scheduler.get_last_lr()[0],
+        "time/train_s": train_time,
+        "throughput/samples_per_s": stats["samples"] / train_time,
+    }
+    memory_name, row[memory_name] = memory_mb(loop.device)
+    loop.log.epoch(row)
+    if loop.dist.is_main:
+        tqdm.write(
+            f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
+            f"val {' '.join(f'{k} {v:.4f}' for k, v in metrics.items() if k != 'count')}"
+            f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
+            f"{row['throughput/samples_per_s']:.0f} samples/s | "
+            f"{memory_name.split('/')[1].removesuffix('_mb').replace('_', ' ')} "
+            f"{row[memory_name]:.0f} MB"
+        )

@@ -60,6 +60,27 @@ def tiny_with(tiny: list[str], *extra: str) -> list[str]:
     return kept + list(extra)
 
 
+def lm_overrides(tmp_path: Path, path: Path) -> list[str]:
+    """A tiny character language model on the text file `path`, writing under tmp_path."""
+    return [
+        "data.name=text",
+        f"data.path={path}",
+        "data.seq_len=16",
+        "model.name=transformer",
+        "model.width=16",
+        "model.depth=1",
+        "model.heads=2",
+        "model.max_len=16",
+        "task.name=language_model",
+        "train.batch_size=4",
+        "train.epochs=1",
+        "train.warmup_steps=1",
+        "run.loggers=csv",
+        "run.device=cpu",
+        f"run.output_dir={tmp_path / 'runs'}",
+    ]
+
+
 @pytest.fixture
 def tiny(tmp_path) -> list[str]:
     """Overrides for a tiny CPU run writing under tmp_path."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, tiny_with
+from conftest import CONFIGS, lm_overrides, tiny_with
 
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.config import load_config
@@ -121,19 +121,7 @@ def test_image_files_match_evaluate(tiny, tmp_path):
 
 def test_a_prompt_is_continued_with_the_checkpoint_vocabulary(tiny, tmp_path, capsys):
     (tmp_path / "t.txt").write_text("abcab" * 400)
-    lm = [
-        "data.name=text",
-        f"data.path={tmp_path / 't.txt'}",
-        "data.seq_len=16",
-        "model.name=transformer",
-        "model.width=16",
-        "model.depth=1",
-        "model.heads=2",
-        "model.max_len=16",
-        "task.name=language_model",
-        "train.epochs=1",
-    ]
-    best = best_of(tiny_with(tiny, *lm))
+    best = best_of(tiny_with(tiny, *lm_overrides(tmp_path, tmp_path / "t.txt")))
     capsys.readouterr()
     code = cli.predict_main(["--checkpoint", best, "--prompt", "ab", "--tokens", "5"])
     text = capsys.readouterr().out.strip()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, run_script
+from conftest import CONFIGS, ROOT, lm_overrides, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint, cli
 from {{ cookiecutter.package_name }}.config import DataConfig, ModelConfig, load_config
@@ -58,26 +58,6 @@ def test_holdout_is_a_contiguous_tail_sharing_no_character_with_training(tmp_pat
     seen_in_training, validated = positions(train), positions(val)
     assert not seen_in_training & validated
     assert max(seen_in_training) < min(validated)
-
-
-def lm_overrides(tmp_path: Path, path: Path) -> list[str]:
-    return [
-        "data.name=text",
-        f"data.path={path}",
-        "data.seq_len=16",
-        "model.name=transformer",
-        "model.width=16",
-        "model.depth=1",
-        "model.heads=2",
-        "model.max_len=16",
-        "task.name=language_model",
-        "train.batch_size=4",
-        "train.epochs=1",
-        "train.warmup_steps=1",
-        "run.loggers=csv",
-        "run.device=cpu",
-        f"run.output_dir={tmp_path / 'runs'}",
-    ]
 
 
 def test_the_checkpoint_carries_the_vocabulary_and_evaluation_checks_it(tmp_path):

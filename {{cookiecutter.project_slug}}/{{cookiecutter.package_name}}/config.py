@@ -200,6 +200,17 @@ def to_dict(cfg: Config) -> dict:
     return out
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}: a config dict as dotted keys."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def save_config(cfg: Config, path: Path) -> None:
     """Write via a temporary file and a rename: a full disk never leaves half a config."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

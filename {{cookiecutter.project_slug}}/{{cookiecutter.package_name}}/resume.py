@@ -4,7 +4,7 @@ changed since it was saved, and whether anything is left to train."""
 from __future__ import annotations
 
 from . import checkpoint, distributed
-from .config import Config, to_dict
+from .config import Config, flatten, to_dict
 from .distributed import DistInfo
 from .errors import CheckpointError, ConfigError, UserError
 from .run_folder import RunFolder
@@ -60,7 +60,7 @@ def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> dict | None:
 def changes(state: dict, cfg: Config) -> list[str]:
     """The settings that differ from the checkpoint's, as "key old -> new"; refuses FIXED ones.
     Everything else applies from the resumed step on (see optim.continue_schedule)."""
-    old, new = _flat(state["config"]), _flat(to_dict(cfg))
+    old, new = flatten(state["config"]), flatten(to_dict(cfg))
     out = []
     for key, value in new.items():
         if key in NOT_SETTINGS or key not in old or old[key] == value:
@@ -85,13 +85,3 @@ def complete_reason(cfg: Config, progress: checkpoint.Progress) -> str | None:
     if 0 < cfg.train.early_stop_patience <= progress.bad_epochs:
         return "early_stopping"
     return None
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out

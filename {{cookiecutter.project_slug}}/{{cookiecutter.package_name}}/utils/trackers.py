@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..config import flatten
 from ..errors import ConfigError
 
 OPTIONAL = ("wandb", "mlflow")  # run.loggers whose package is not a dependency of the project
@@ -103,7 +104,7 @@ class MlflowTracker:
         # MLflow refuses to change a logged param: a resume adds only new keys; the settings
         # in force are in config.yaml, and the changes are printed at resume.
         logged = run.data.params
-        params = [Param(k, str(v)[:6000]) for k, v in _flat(config).items() if k not in logged]
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items() if k not in logged]
         for i in range(0, len(params), 100):  # at most 100 params per request
             self.client.log_batch(self.id, params=params[i : i + 100])
 
@@ -154,13 +155,3 @@ def _environ(values: dict):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out

@@ -53,6 +53,7 @@ EXPECTED = {
     "PKG/__init__.py",
     "PKG/cli.py",
     "PKG/config.py",
+    "PKG/config_text.py",
     "PKG/checkpoint.py",
     "PKG/run_folder.py",
     "PKG/resume.py",

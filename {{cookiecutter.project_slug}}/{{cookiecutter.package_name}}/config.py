@@ -7,9 +7,7 @@ equal); experiment files start with `extends: ../default.yaml` and hold only wha
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import difflib
 import math
 import os
 import typing
@@ -19,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .config_text import closest, coerce, parse_value, read_file
 from .errors import ConfigError
 
 Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]  # see utils/logger.py, utils/trackers.py
@@ -163,7 +162,7 @@ def load_config(
 ) -> Config:
     """Defaults, then the file at `path` (or the dict `base`, e.g. a checkpoint's config),
     then `key=value` overrides; validated."""
-    data: dict = _read_file(Path(path), seen=()) if path else _merge({}, base or {})
+    data: dict = read_file(Path(path), _merge) if path else _merge({}, base or {})
     # All overrides form one layer, so their order does not matter: model.width=8
     # model.name=mlp sets the mlp's width (a component's options from the layers below are
     # dropped when a layer chooses another component).
@@ -179,7 +178,7 @@ def load_config(
             node = node.setdefault(part, {})
             if not isinstance(node, dict) or not isinstance(below, dict | None):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
-        node[leaf] = _parse_value(item, raw)
+        node[leaf] = parse_value(item, raw)
     cfg = from_dict(_merge(data, top))
     validate(cfg)
     return cfg
@@ -329,66 +328,6 @@ def _is_cuda_index(device: str) -> bool:
     return device.startswith("cuda:") and device[5:].isdigit()
 
 
-def _read_file(path: Path, seen: tuple, named_by: str = "the path given to --config") -> dict:
-    """Read a YAML config; `extends: other.yaml` (relative to this file) is read first."""
-    name = str(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {name!r} not found (check {named_by})")
-    if path.resolve() in seen:
-        raise ConfigError(f"config file {name!r} extends itself in a loop")
-    raw = path.read_bytes()
-    if b"\0" in raw:
-        raise ConfigError(f"config file {name!r} is binary, not YAML text; pass a .yaml file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file {name!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
-            f"{exc.start}); save it with UTF-8 encoding"
-        ) from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except RecursionError:  # PyYAML recurses once per nesting level
-        raise ConfigError(
-            f"config file {name!r} is nested too deeply to read; a config holds sections of "
-            "key: value lines"
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config file {name!r}{where} is not valid YAML") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {name!r} must hold a mapping of sections")
-    base = data.pop("extends", None)
-    if base is None:
-        return data
-    if not isinstance(base, str) or not base.strip() or "\0" in base:
-        raise ConfigError(
-            f"config file {name!r}: extends must be the path of another config file, "
-            f"e.g. extends: ../default.yaml; got {_short(repr(base))}"
-        )
-    parent = _read_file(path.parent / base, (*seen, path.resolve()), f"extends: in {name}")
-    return _merge(parent, data)
-
-
-def _parse_value(item: str, raw: str) -> Any:
-    """The value of a `key=value` override, read as YAML: 3 -> int, true -> bool, [1] -> list."""
-    if not raw.strip():
-        return ""
-    try:
-        return yaml.safe_load(raw)
-    except (yaml.YAMLError, RecursionError) as exc:
-        problem = getattr(exc, "problem", None) or "nested too deeply"
-        raise ConfigError(
-            f"override {_short(item)!r}: cannot read the value ({problem}); write a number, "
-            "true/false or plain text, and quote text that starts with [ { ! & * or a quote"
-        ) from None
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _merge(base: dict, top: dict) -> dict:
     out = dict(base)
     for key, value in top.items():
@@ -408,13 +347,6 @@ def _common_only(section: str, base: dict, top: dict) -> dict:
         return base
     common = {f.name for f in dataclasses.fields(_SECTIONS[section])}
     return {k: v for k, v in base.items() if k in common}
-
-
-def closest(word: str, choices: typing.Iterable[str]) -> str | None:
-    """The choice nearest to `word` ignoring case (MLP -> mlp), or None when none is close."""
-    lower = {choice.lower(): choice for choice in choices}
-    match = difflib.get_close_matches(word.lower(), lower, n=1, cutoff=0.6)
-    return lower[match[0]] if match else None
 
 
 def _unknown_key(cls, prefix: str, key: str, value: Any) -> str:
@@ -471,7 +403,7 @@ def _build(cls, data: Any, prefix: str):
         if dataclasses.is_dataclass(hint):
             values[name] = _build(hint, data[name], f"{prefix}{name}.")
         else:
-            values[name] = _coerce(data[name], hint, prefix + name)
+            values[name] = coerce(data[name], hint, prefix + name)
     return cls(**values)
 
 
@@ -479,7 +411,7 @@ def _build_component(cls, data: dict, prefix: str):
     """A section whose `name` chooses a component: its own keys, then the component's options
     (every other key), each checked against the component's Options dataclass."""
     section = prefix.rstrip(".")
-    name = _coerce(data.get("name", cls.name), str, f"{section}.name")
+    name = coerce(data.get("name", cls.name), str, f"{section}.name")
     options_cls = options_type(section, name)
     common = {f.name for f in dataclasses.fields(cls)} - {"options"}
     own = set(typing.get_type_hints(options_cls))
@@ -487,8 +419,7 @@ def _build_component(cls, data: dict, prefix: str):
         if key not in common | own:
             raise ConfigError(_unknown_option(section, name, str(key), common | own))
     values = {
-        k: _coerce(data[k], typing.get_type_hints(cls)[k], prefix + k)
-        for k in common & data.keys()
+        k: coerce(data[k], typing.get_type_hints(cls)[k], prefix + k) for k in common & data.keys()
     }
     options = _build(options_cls, {k: v for k, v in data.items() if k in own}, prefix)
     return cls(**values, options=options)
@@ -511,62 +442,3 @@ def _unknown_option(section: str, name: str, key: str, known: set[str]) -> str:
         )
     listed = ", ".join(sorted(known)) or "none"
     return f"unknown config key '{section}.{key}' for {section}.name={name} (its keys: {listed})"
-
-
-_BOOL_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
-
-
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """Return `value` as type `hint` or raise a ConfigError naming key, type and value."""
-    if typing.get_origin(hint) is Literal:
-        choices = typing.get_args(hint)
-        if isinstance(value, bool):  # YAML 1.1 reads off/no/on/yes as booleans
-            value = next((c for c in _BOOL_WORDS[value] if c in choices), value)
-        if value in choices:
-            return value
-        guess = closest(value, choices) if isinstance(value, str) else None
-        tip = f" (did you mean '{guess}'?)" if guess else ""
-        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}{tip}")
-    if typing.get_origin(hint) is list:
-        return _coerce_list(value, typing.get_args(hint)[0], key)
-    ok = False
-    if hint is bool:
-        ok = isinstance(value, bool)
-    elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if ok and not -(2**63) <= value < 2**63:
-            raise ConfigError(f"{key} must fit in 64 bits, got {_short(str(value))}")
-    elif hint is float:
-        if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
-            with contextlib.suppress(ValueError):
-                value = float(value)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and isinstance(value, int) and abs(value) >= 2**1023:
-            value = math.inf if value > 0 else -math.inf  # beyond float range: 1e400
-        elif ok:
-            value = float(value)
-    elif hint is str:
-        value = "" if value is None else value  # `key=` with nothing after it
-        ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
-        value = str(value) if ok else value
-        if ok and "\0" in value:  # the OS refuses such paths and names
-            raise ConfigError(f"{key} contains a NUL character: {_short(repr(value))}")
-    if not ok:
-        raise ConfigError(f"{key} expects {hint.__name__}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _coerce_list(value: Any, item: Any, key: str) -> list:
-    """A list setting: a YAML list, or text split at commas (`run.loggers=csv,wandb` needs no
-    brackets, which shells expand); each item checked as `item`, repeats dropped."""
-    if value is None:
-        value = []
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, list):
-        raise ConfigError(
-            f"{key} expects a list such as [a, b] or a,b; got {_short(repr(value))} "
-            f"({type(value).__name__})"
-        )
-    items = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    return list(dict.fromkeys(items))

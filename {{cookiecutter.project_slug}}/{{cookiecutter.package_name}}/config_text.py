@@ -1,0 +1,145 @@
+"""Config text, before it knows any section: YAML files (with `extends:`), the values of
+`key=value` overrides, and values checked against their declared types, each problem one
+ConfigError line naming the key, the file or the value. config.py builds the settings."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import math
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+
+
+def read_file(
+    path: Path, merge, seen: tuple = (), named_by: str = "the path given to --config"
+) -> dict:
+    """Read a YAML config; `extends: other.yaml` (relative to this file) is read first and
+    `merge(parent, this)` lays this file over it."""
+    name = str(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {name!r} not found (check {named_by})")
+    if path.resolve() in seen:
+        raise ConfigError(f"config file {name!r} extends itself in a loop")
+    raw = path.read_bytes()
+    if b"\0" in raw:
+        raise ConfigError(f"config file {name!r} is binary, not YAML text; pass a .yaml file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {name!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}); save it with UTF-8 encoding"
+        ) from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except RecursionError:  # PyYAML recurses once per nesting level
+        raise ConfigError(
+            f"config file {name!r} is nested too deeply to read; a config holds sections of "
+            "key: value lines"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {name!r}{where} is not valid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {name!r} must hold a mapping of sections")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base.strip() or "\0" in base:
+        raise ConfigError(
+            f"config file {name!r}: extends must be the path of another config file, "
+            f"e.g. extends: ../default.yaml; got {short(repr(base))}"
+        )
+    parent = read_file(path.parent / base, merge, (*seen, path.resolve()), f"extends: in {name}")
+    return merge(parent, data)
+
+
+def parse_value(item: str, raw: str) -> Any:
+    """The value of a `key=value` override, read as YAML: 3 -> int, true -> bool, [1] -> list."""
+    if not raw.strip():
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except (yaml.YAMLError, RecursionError) as exc:
+        problem = getattr(exc, "problem", None) or "nested too deeply"
+        raise ConfigError(
+            f"override {short(item)!r}: cannot read the value ({problem}); write a number, "
+            "true/false or plain text, and quote text that starts with [ { ! & * or a quote"
+        ) from None
+
+
+def short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def closest(word: str, choices: typing.Iterable[str]) -> str | None:
+    """The choice nearest to `word` ignoring case (MLP -> mlp), or None when none is close."""
+    lower = {choice.lower(): choice for choice in choices}
+    match = difflib.get_close_matches(word.lower(), lower, n=1, cutoff=0.6)
+    return lower[match[0]] if match else None
+
+
+_BOOL_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
+
+
+def coerce(value: Any, hint: Any, key: str) -> Any:
+    """Return `value` as type `hint` or raise a ConfigError naming key, type and value."""
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        if isinstance(value, bool):  # YAML 1.1 reads off/no/on/yes as booleans
+            value = next((c for c in _BOOL_WORDS[value] if c in choices), value)
+        if value in choices:
+            return value
+        guess = closest(value, choices) if isinstance(value, str) else None
+        tip = f" (did you mean '{guess}'?)" if guess else ""
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}{tip}")
+    if typing.get_origin(hint) is list:
+        return coerce_list(value, typing.get_args(hint)[0], key)
+    ok = False
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -(2**63) <= value < 2**63:
+            raise ConfigError(f"{key} must fit in 64 bits, got {short(str(value))}")
+    elif hint is float:
+        if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and isinstance(value, int) and abs(value) >= 2**1023:
+            value = math.inf if value > 0 else -math.inf  # beyond float range: 1e400
+        elif ok:
+            value = float(value)
+    elif hint is str:
+        value = "" if value is None else value  # `key=` with nothing after it
+        ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+        value = str(value) if ok else value
+        if ok and "\0" in value:  # the OS refuses such paths and names
+            raise ConfigError(f"{key} contains a NUL character: {short(repr(value))}")
+    if not ok:
+        raise ConfigError(f"{key} expects {hint.__name__}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def coerce_list(value: Any, item: Any, key: str) -> list:
+    """A list setting: a YAML list, or text split at commas (`run.loggers=csv,wandb` needs no
+    brackets, which shells expand); each item checked as `item`, repeats dropped."""
+    if value is None:
+        value = []
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list):
+        raise ConfigError(
+            f"{key} expects a list such as [a, b] or a,b; got {short(repr(value))} "
+            f"({type(value).__name__})"
+        )
+    items = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    return list(dict.fromkeys(items))

@@ -197,3 +197,15 @@ def test_best_metric_auto_is_the_task_s_first_metric():
     assert load_config(None, ["task.name=regression"]).best() == ("rmse", "min")
     assert load_config(None, ["task.name=language_model"]).best() == ("perplexity", "min")
     assert load_config(None, ["train.best_metric=loss"]).best() == ("loss", "min")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("run.tensorboard=false", "config key 'run.tensorboard' is now run.loggers"),
+        ("data.fold_seed=3", "config key 'data.fold_seed' is now data.split_seed"),
+    ],
+)
+def test_keys_of_earlier_versions_name_what_replaced_them(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])

@@ -349,9 +349,18 @@ def _common_only(section: str, base: dict, top: dict) -> dict:
     return {k: v for k, v in base.items() if k in common}
 
 
+# Keys of earlier versions of this project, and what replaced them.
+RENAMED = {
+    "run.tensorboard": "run.loggers (a list: run.loggers=csv,tensorboard; false: run.loggers=csv)",
+    "data.fold_seed": "data.split_seed (it seeds the validation split too)",
+}
+
+
 def _unknown_key(cls, prefix: str, key: str, value: Any) -> str:
     """The error for a key that `cls` lacks, with the closest valid key. The section and the
     key are matched apart: `trian.epochs` gets section train, then the key epochs within it."""
+    if f"{prefix}{key}" in RENAMED:  # a config or checkpoint of an earlier version
+        return f"config key '{prefix}{key}' is now {RENAMED[prefix + key]}"
     hints = typing.get_type_hints(cls)
     name, guess = f"{prefix}{key}", closest(key, hints)
     if isinstance(value, dict) and value:  # a misspelt section: name its first key too
@@ -416,6 +425,8 @@ def _build_component(cls, data: dict, prefix: str):
     common = {f.name for f in dataclasses.fields(cls)} - {"options"}
     own = set(typing.get_type_hints(options_cls))
     for key in data:
+        if f"{section}.{key}" in RENAMED:
+            raise ConfigError(_unknown_key(cls, prefix, str(key), data[key]))
         if key not in common | own:
             raise ConfigError(_unknown_option(section, name, str(key), common | own))
     values = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import io
 import json
 import os
 import re
@@ -275,8 +276,8 @@ def _smoke(root: Path, overrides: list[str]) -> str:
         common = [f"run.output_dir={tmp}", f"train.amp={amp}", *overrides]
         config = root / "configs" / "experiments" / "smoke.yaml"
         cfg = load_config(config, common)  # bad overrides fail here, before any training
-        first = fit(load_config(config, [*common, "train.epochs=1"]))
-        second = fit(load_config(config, [*common, "train.resume=auto"]))
+        first = _fit_quietly(fit, load_config(config, [*common, "train.epochs=1"]))
+        second = _fit_quietly(fit, load_config(config, [*common, "train.resume=auto"]))
         steps_per_epoch = first["step"]
         if second["step"] <= first["step"] or second["epoch"] != first["epoch"] + 1:
             raise RuntimeError(f"resume did not continue from step {first['step']}: {second}")
@@ -288,6 +289,19 @@ def _smoke(root: Path, overrides: list[str]) -> str:
         f"{device}, amp {amp}, {steps_per_epoch} steps + resume, "
         f"val acc {metrics['acc']:.3f} (chance {1 / cfg.data.options.num_classes:.3f})"
     )
+
+
+def _fit_quietly(fit, cfg) -> dict:
+    """fit(cfg), echoing only its run and epoch lines: the end-of-run summary's next commands
+    would point into the smoke test's temporary folder, gone when it ends."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            return fit(cfg)
+    finally:
+        for line in out.getvalue().splitlines():
+            if line.startswith(("run ", "epoch ", "settings changed")) and " finished" not in line:
+                print(line)
 
 
 def _parser(description: str, example: str) -> argparse.ArgumentParser:

@@ -158,6 +158,17 @@ BEFORE_WRITING = {
         "y holds class 4, but train.pt has classes 0..3 only",
     ),
     "float labels": (tensor_files({"x": X, "y": Y.float()}), "use task.name=regression, or"),
+    "val labels of another kind": (
+        tensor_files({"x": X, "y": Y}, {"x": X, "y": Y.float()}),
+        "val.pt': y is torch.float32 of sample shape (), but torch.int64",
+    ),
+    "val tokens beyond train's": (
+        tensor_files(
+            {"x": torch.randint(8, (64, 6)), "y": torch.randint(8, (64, 6))},
+            {"x": torch.randint(9, (64, 6)).clamp(min=8), "y": torch.randint(8, (64, 6))},
+        ),
+        "val.pt': it holds token 8, but train.pt has tokens 0..7 only",
+    ),
     "one-hot labels": (
         tensor_files({"x": X, "y": torch.nn.functional.one_hot(Y)}),
         "y.argmax(1) for one-hot rows",

@@ -12,6 +12,7 @@ from conftest import ROOT, run_script, tiny_with
 from {{ cookiecutter.package_name }} import checkpoint, cli
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import build_datasets
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.trainer import fit
 
 FAST = ["run.device=cpu", "run.log_every=1000", "run.loggers=csv", "train.warmup_steps=5"]
@@ -145,3 +146,14 @@ def test_the_csv_regression_example_reaches_its_bar_and_evaluates_the_same(demo_
     metrics = json.loads(out.stdout.splitlines()[-1])
     assert metrics["r2"] > 0.95, metrics
     assert metrics["rmse"] == pytest.approx(checkpoint.load(best)["progress"]["best"], rel=1e-5)
+
+
+def test_a_validation_table_with_other_columns_is_named_in_the_error(tmp_path):
+    train = table(
+        tmp_path / "t.csv", "a,b,kind", [f"{i},{i % 3},{'xy'[i % 2]}" for i in range(20)]
+    )
+    val = table(tmp_path / "v.csv", "a,b,c,kind", [f"{i},1,2,{'xy'[i % 2]}" for i in range(6)])
+    cfg = load_config(None, ["data.name=csv", f"data.path={train}", f"data.val_path={val}",
+                             "data.label=kind", "model.name=mlp"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"v.csv' \(data.val_path\) has other feature columns"):
+        build_datasets(cfg.data, "class")

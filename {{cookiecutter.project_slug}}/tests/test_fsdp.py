@@ -172,6 +172,8 @@ def test_consolidated_checkpoint_evaluates_to_the_run_s_own_metrics(fsdp_run, tm
         "scripts/consolidate.py", "--checkpoint", str(run_dir / "last.pt"), "--out", str(out)
     )
     assert proc.returncode == 0 and f"wrote {out}" in proc.stdout, proc.stderr
+    sharded, full = checkpoint.load(run_dir / "last.pt"), checkpoint.load(out)
+    assert full["data"] == sharded["data"] and full["io"] == sharded["io"]  # for predict/export
     metrics = evaluate_checkpoint(str(out), ["run.device=cpu"])
     expected = fsdp_run["ranks"][0]["metrics"]
     assert metrics["step"] == STEPS and metrics["count"] == expected["count"] == 97
@@ -359,3 +361,12 @@ def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients()
         assert {p.dtype for p in net.parameters()} == {torch.float32}
     finally:
         distributed.teardown()
+
+
+def test_a_rank_without_validation_samples_still_steps_through_empty_batches():
+    """Under fsdp every rank runs every validation forward pass: a rank whose shard is empty
+    (fewer samples than ranks) gets empty batches of the right shapes, not None."""
+    data = torch.utils.data.TensorDataset(torch.randn(3, 5), torch.arange(3))
+    loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=[])  # this rank: nothing
+    batches = list(parallel._EvenBatches(loader, 2))
+    assert len(batches) == 2 and all(x.shape == (0, 5) and y.shape == (0,) for x, y in batches)

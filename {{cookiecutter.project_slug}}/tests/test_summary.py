@@ -107,3 +107,16 @@ def test_resuming_a_complete_run_prints_its_summary_again(tiny, capsys):
     assert stopped_early in first and stopped_early in out
     best = next(line for line in first.splitlines() if "best val acc" in line)
     assert best in out
+
+
+def test_an_fsdp_run_s_next_commands_consolidate_first(tmp_path):
+    """Sharded checkpoints are read by the scripts once consolidated: the summary says so."""
+    from {{ cookiecutter.package_name }}.summary import next_commands
+
+    cfg = load_config(None, [f"run.output_dir={tmp_path}", "train.strategy=fsdp"])
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / "best.pt").touch()
+    commands = next_commands(cfg, {})
+    assert list(commands)[0] == "consolidate" and "best.pt" in commands["consolidate"]
+    for name in ("evaluate", "predict", "export"):
+        assert str(tmp_path / "default" / "best.full.pt") in commands[name], commands[name]

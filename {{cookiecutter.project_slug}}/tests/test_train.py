@@ -210,3 +210,21 @@ def test_tensorboard_events_and_the_runs_table_are_written(tiny):
     assert events and events[0].stat().st_size > 0
     runs = Path(load_config(None, tiny).run.output_dir, "runs.csv").read_text().splitlines()
     assert runs[0].startswith("finished,run,task,model") and len(runs) == 2
+
+
+def test_metrics_csv_keeps_every_column_when_a_resumed_run_logs_other_ones(tmp_path):
+    """A run resumed on another device logs another memory column: the file is rewritten
+    with both, and no value sits under another column's header."""
+    import csv
+
+    from {{ cookiecutter.package_name }}.utils.logger import _append_csv
+
+    path = tmp_path / "metrics.csv"
+    _append_csv(path, {"epoch": 1, "val/loss": 0.5, "memory/cuda_peak_mb": 100.0})
+    _append_csv(path, {"epoch": 2, "val/loss": 0.4, "memory/rss_peak_mb": 300.0})
+    _append_csv(path, {"epoch": 3, "val/loss": 0.3, "memory/rss_peak_mb": 310.0})
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["memory/cuda_peak_mb"] for r in rows] == ["100", "", ""]
+    assert [r["memory/rss_peak_mb"] for r in rows] == ["", "300", "310"]
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]

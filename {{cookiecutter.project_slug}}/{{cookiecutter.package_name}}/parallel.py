@@ -139,6 +139,9 @@ class _EvenBatches:
         for batch in self.loader:
             seen, empty = seen + 1, _empty(batch)
             yield batch
+        if seen == 0 and self.count:  # no sample on this rank: an empty batch of the right shapes
+            x, y = self.dataset[0]
+            empty = (torch.as_tensor(x)[None][:0], torch.as_tensor(y)[None][:0])
         for _ in range(self.count - seen):
             yield empty  # no sample: adds nothing to the sums and counts of evaluate()
 
@@ -264,6 +267,8 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     out = Path(out) if out else path.with_name(f"{path.stem}.full.pt")
     meta = {**head.get("meta", {}), "consolidated_from": str(path)}
     full = {"model": model, "config": head["config"], "progress": head["progress"], "meta": meta}
+    # What evaluation, prediction and export read besides the weights: preprocessing, shapes.
+    full.update({key: head[key] for key in ("data", "io") if key in head})
     checkpoint.atomic_save(full, out)
     return out
 

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
+from .data.image_folder import EXTENSIONS
 from .errors import ConfigError, UserError
 from .inference import Trained, load_trained, validation_set
 from .utils.device import resolve_device
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+IMAGE_SUFFIXES = EXTENSIONS  # the files image folders train on
 
 
 def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
@@ -137,7 +138,7 @@ def inputs_of(
             found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
             if not found:
                 raise ConfigError(
-                    f"folder {name!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})"
+                    f"folder {name!r} holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})"
                 )
             images += found
         elif not path.is_file():

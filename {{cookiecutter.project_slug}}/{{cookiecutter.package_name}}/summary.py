@@ -64,7 +64,11 @@ def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     ckpt = run_dir / ("best.pt" if (run_dir / "best.pt").exists() else "last.pt")
     fmt = "onnx" if importlib.util.find_spec("onnxscript") else "export"
-    commands = {
+    commands = {}
+    if cfg.train.strategy == "fsdp":  # sharded: the scripts read the consolidated model
+        commands["consolidate"] = ["scripts/consolidate.py", "--checkpoint", ckpt]
+        ckpt = ckpt.with_name(f"{ckpt.stem}.full.pt")
+    commands |= {
         "evaluate": ["scripts/evaluate.py", "--checkpoint", ckpt],
         "predict": ["scripts/predict.py", "--checkpoint", ckpt, *_predict_input(cfg, meta)],
         "export": ["scripts/export.py", "--checkpoint", ckpt, "--format", fmt],

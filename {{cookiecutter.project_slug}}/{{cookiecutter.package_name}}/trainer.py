@@ -191,7 +191,8 @@ def restore(
     schedule continued; settings changed since are listed (resume.changes refuses some)."""
     changed = resume.changes(state, cfg)
     if data.meta.get("split"):  # the same validation rows as before the stop
-        check_split(data.meta["split"], state.get("data"))
+        fix = "resume on the same data, or start a new run (run.name=<new name>)"
+        check_split(data.meta["split"], state.get("data"), fix)
     t = trainee
     parallel.restore(state, t.model, t.optimizer, cfg.train.strategy)  # sharded checkpoints
     checkpoint.restore_training_state(

@@ -101,13 +101,15 @@ def _split(pool: Dataset, cfg: DataConfig) -> tuple[list[int], list[int], dict]:
     return train, val, {"train": len(train), "val": len(val), "checksum": checksum}
 
 
-def check_split(split: dict, meta: dict | None) -> None:
+def check_split(split: dict, meta: dict | None, fix: str = "evaluate on the same data") -> None:
+    """Refuse a validation split other than the one recorded in a checkpoint's `meta`: it
+    has the same sizes and the same validation rows (a checksum of their indices)."""
     saved = (meta or {}).get("split")
     if saved and saved != split:
         raise ConfigError(
             f"the validation split differs from the training run's ({split['val']} samples now, "
             f"{saved['val']} then): the data or data.val_fraction/split_seed/folds changed; "
-            "evaluate on the same data and settings"
+            f"{fix}"
         )
 
 

@@ -45,8 +45,8 @@ class CSVTable(InMemoryDataset):
 
     def __init__(self, opts: Options, split: str):
         self.opts = opts
-        path = Path(opts.val_path if split == "val" else opts.path)
-        key = "data.val_path" if split == "val" else "data.path"
+        self.path = path = Path(opts.val_path if split == "val" else opts.path)
+        self.key = key = "data.val_path" if split == "val" else "data.path"
         self.features, self.x, labels = read_table(path, key, opts)
         self.num_classes = self.num_targets = None
         if opts.targets == "value":
@@ -68,9 +68,9 @@ class CSVTable(InMemoryDataset):
         if meta is not None:
             if meta.get("features") != self.features or meta.get("classes") != self.classes:
                 raise ConfigError(
-                    f"{self.opts.path!r} has other columns or classes than the training run's "
-                    f"(features {meta.get('features')}, classes {meta.get('classes')}); "
-                    "evaluate on a table of the same layout"
+                    f"CSV file {str(self.path)!r} ({self.key}) has other feature columns or "
+                    f"classes than the model was trained on (features {meta.get('features')}, "
+                    f"classes {meta.get('classes')}); give it the same columns and classes"
                 )
             mean, std = torch.tensor(meta["mean"]), torch.tensor(meta["std"])
         elif self.opts.normalize:

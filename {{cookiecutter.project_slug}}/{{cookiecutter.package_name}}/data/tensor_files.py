@@ -62,14 +62,26 @@ class TensorFiles(InMemoryDataset):
                 f"samples are {tuple(self.x.shape[1:])}, but "
                 f"{tuple(train.x.shape[1:])} in train.pt",
             )
+        if self.y.dtype != train.y.dtype or self.y.shape[1:] != train.y.shape[1:]:
+            _refuse(
+                path,
+                f"y is {self.y.dtype} of sample shape {tuple(self.y.shape[1:])}, but "
+                f"{train.y.dtype} of {tuple(train.y.shape[1:])} in train.pt",
+            )
         if self.num_classes is not None and self.num_classes > (train.num_classes or 0):
             _refuse(
                 path,
                 f"y holds class {int(self.y.max())}, but train.pt has classes "
                 f"0..{(train.num_classes or 1) - 1} only",
             )
+        if self.vocab_size is not None and self.vocab_size > train.vocab_size:
+            _refuse(
+                path,
+                f"it holds token {self.vocab_size - 1}, but train.pt has tokens "
+                f"0..{train.vocab_size - 1} only (the model's vocabulary)",
+            )
         self.num_classes, self.num_targets = train.num_classes, train.num_targets
-        self.vocab_size = train.vocab_size and max(train.vocab_size, self.vocab_size or 0)
+        self.vocab_size = train.vocab_size
 
 
 def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -141,7 +141,14 @@ def record_run(output_dir: Path, row: dict) -> None:
 
 def _append_csv(path: Path, row: dict) -> None:
     """Append a row; the header is written with the first one. A write that fails (a full
-    disk, a file-size limit) is cut off again, so the file never ends in half a row."""
+    disk, a file-size limit) is cut off again, so the file never ends in half a row. A row
+    with other columns than the file's (a run resumed on another device logs another memory
+    column) rewrites the file with every column, so no value lands under a wrong header."""
+    header = _header(path)
+    if header and header != list(row):
+        rows = [*_read_csv(path), _formatted(row)]
+        _write_csv(path, list(dict.fromkeys([*header, *row])), rows)
+        return
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=list(row))
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
@@ -168,6 +175,13 @@ def _drop_rows_after(path: Path, step: int) -> list[dict]:
     if len(kept) < len(rows):
         _write_csv(path, list(rows[0]), kept)
     return kept
+
+
+def _header(path: Path) -> list[str]:
+    if not path.exists() or path.stat().st_size == 0:
+        return []
+    with path.open(newline="") as f:
+        return next(csv.reader(f), [])
 
 
 def _read_csv(path: Path) -> list[dict]:

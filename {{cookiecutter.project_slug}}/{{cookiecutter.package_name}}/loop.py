@@ -19,7 +19,7 @@ from tqdm import tqdm
 from . import checkpoint, distributed, parallel, resume
 from .checkpoint import Progress
 from .config import Config, to_dict
-from .data import set_epoch
+from .data import empty_batch, set_epoch
 from .distributed import DistInfo
 from .errors import UserError
 from .run_folder import RunFolder
@@ -42,6 +42,7 @@ class Data:
     train_loader: DataLoader  # this rank's shard; resumable mid-epoch (data/sampler.py)
     val_loader: DataLoader
     task: object  # the loss and the metrics (tasks/)
+    example: torch.Tensor  # the first training inputs: what the model was built and tried on
     meta: dict  # what prediction needs to read new inputs (classes, normalisation), saved
     io: dict  # the model's input shape and dtype and output size (models.model_io), saved
     steps_per_epoch: int
@@ -244,8 +245,8 @@ def evaluate(
             observe(output, y)
         totals = sums if totals is None else totals + sums
     if totals is None:  # no sample on this rank (fewer than ranks): zeros of the right size
-        x, y = to_device(loader.dataset[0], device)
-        totals = task.sums(model(x[None][:0]), y[None][:0])
+        x, y = to_device(empty_batch(loader.dataset), device)
+        totals = task.sums(model(x), y)
     distributed.all_reduce_sum(totals)
     model.train(was_training)
     return task.summarise(totals.tolist())

@@ -141,7 +141,8 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
             f"train.grad_accum_steps x {dist.world_size} ranks) exceeds the "
             f"{len(train_set)} training samples; lower train.batch_size"
         )
-    io = model_io(example_inputs(train_set), task.num_outputs)
+    example = example_inputs(train_set)  # what the model is built and tried on
+    io = model_io(example, task.num_outputs)
     return Data(
         train_set=train_set,
         val_set=val_set,
@@ -149,16 +150,17 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
         val_loader=val_loader,
         task=task,
         meta=meta,
+        example=example,
         io=io,
         steps_per_epoch=steps_per_epoch,
         effective_batch=effective_batch,
     )
 
 
-def build_net(cfg: Config, train_set, task, device: torch.device, dist: DistInfo) -> nn.Module:
+def build_net(cfg: Config, example, task, device: torch.device, dist: DistInfo) -> nn.Module:
     """The model of cfg.model for this data and task, on `device`: fine-tuning weights loaded,
     BatchNorm synchronised across GPUs when asked."""
-    model = build_model(cfg.model, example_inputs(train_set), task.num_outputs)
+    model = build_model(cfg.model, example, task.num_outputs)
     if cfg.train.init_from and not cfg.train.resume:
         skipped = checkpoint.init_from(model, cfg.train.init_from)
         if dist.is_main:
@@ -174,7 +176,7 @@ def build_net(cfg: Config, train_set, task, device: torch.device, dist: DistInfo
 def build_trainee(cfg: Config, data: Data, dist: DistInfo, device: torch.device) -> Trainee:
     """The model on its device (sharded under fsdp), AdamW, the warm-up + cosine schedule
     (optim.py) and the fp16 loss scaler."""
-    model = build_net(cfg, data.train_set, data.task, device, dist)
+    model = build_net(cfg, data.example, data.task, device, dist)
     model = parallel.wrap(model, cfg.train, device)  # fsdp: sharded before the optimizer sees it
     data.val_loader = parallel.even_batches(data.val_loader, model)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)

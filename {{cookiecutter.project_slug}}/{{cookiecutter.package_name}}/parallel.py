@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, distributed
 from .config import TrainConfig
+from .data import empty_batch
 from .errors import CheckpointError, ConfigError, first_line
 
 
@@ -140,8 +141,7 @@ class _EvenBatches:
             seen, empty = seen + 1, _empty(batch)
             yield batch
         if seen == 0 and self.count:  # no sample on this rank: an empty batch of the right shapes
-            x, y = self.dataset[0]
-            empty = (torch.as_tensor(x)[None][:0], torch.as_tensor(y)[None][:0])
+            empty = empty_batch(self.dataset)
         for _ in range(self.count - seen):
             yield empty  # no sample: adds nothing to the sums and counts of evaluate()
 

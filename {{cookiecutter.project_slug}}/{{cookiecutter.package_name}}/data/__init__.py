@@ -179,6 +179,13 @@ def example_inputs(dataset: Dataset, n: int = 2) -> torch.Tensor:
         return torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))])
 
 
+def empty_batch(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of no samples with the shapes and dtypes of `dataset`'s: for a rank whose shard
+    is empty, so that it still takes part in collective evaluation (adds nothing to sums)."""
+    x, y = dataset[0]
+    return torch.as_tensor(x)[None][:0], torch.as_tensor(y)[None][:0]
+
+
 def set_epoch(loader: DataLoader, epoch: int, start: int = 0) -> None:
     """Shuffle `loader` for `epoch`, skipping the first `start` samples of its global order."""
     sampler = loader.sampler

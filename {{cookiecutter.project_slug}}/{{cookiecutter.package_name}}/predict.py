@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .data.image_folder import EXTENSIONS
+from .data.image_folder import EXTENSIONS, decode
 from .errors import ConfigError, UserError
 from .inference import Trained, load_trained, validation_set
 from .utils.device import resolve_device
@@ -78,12 +78,8 @@ def read_tensors(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor,
 
 
 def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.Tensor, list]:
-    """(ids, images (N, C, S, S), labels): each image as the training images were read; its
-    label is the name of its folder where that is one of the classes (image_folder's layout)."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ConfigError("reading images needs Pillow: pip install pillow") from None
+    """(ids, images (N, C, S, S), labels): each image read by the training dataset's own
+    decode(); its label is the name of its folder where that is one of the classes."""
     meta = trained.meta
     size = meta.get("image_size")
     if not size or "mean" not in meta:
@@ -93,17 +89,7 @@ def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.T
         )
     mean = torch.tensor(meta["mean"]).view(-1, 1, 1)
     std = torch.tensor(meta["std"]).view(-1, 1, 1)
-    mode = "RGB" if trained.io["input_shape"][0] == 3 else "L"
-    images = []
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                image = image.convert(mode).resize((size, size), Image.Resampling.BILINEAR)
-                pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-        except OSError as exc:
-            raise ConfigError(f"image file {str(path)!r} cannot be read ({exc})") from None
-        x = pixels.view(size, size, -1).permute(2, 0, 1).float() / 255  # (C, S, S) in [0, 1]
-        images.append((x - mean) / std)
+    images = [(decode(path, size) - mean) / std for path in paths]  # (3, S, S) each
     classes = set(trained.classes or ())
     labels = [p.parent.name if p.parent.name in classes else "" for p in paths]
     return [str(p) for p in paths], torch.stack(images), labels

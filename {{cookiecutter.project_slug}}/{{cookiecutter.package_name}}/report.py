@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from . import distributed
+from .utils.plots import INSTALL_HINT, available, save_figure
 
 
 class Collector:
@@ -91,25 +92,30 @@ def write(
             writer.writerows(rows)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2))
     lines = [f"report: {out_dir}"]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: no display needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return [*lines, "note: matplotlib is not installed; no pictures (pip install matplotlib)"]
+    if not available():
+        return [*lines, f"note: matplotlib is not installed; no pictures ({INSTALL_HINT})"]
     if collector.task == "classification":
-        _confusion_png(plt, collector.confusion.cpu(), names, out_dir / "confusion_matrix.png")
+        _confusion_png(collector.confusion.cpu(), names, out_dir / "confusion_matrix.png")
     elif collector.task == "regression" and collector.pairs:
         pred = torch.cat([p for p, _ in collector.pairs])
         true = torch.cat([t for _, t in collector.pairs])
-        _scatter_png(plt, pred, true, out_dir / "pred_vs_true.png")
+        _scatter_png(pred, true, out_dir / "pred_vs_true.png")
     return lines
 
 
-def _confusion_png(plt, confusion: torch.Tensor, names: list[str], path: Path) -> None:
+def _figure(width: float, height: float):
+    """One axes on a headless figure (utils/plots.py: no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
+def _confusion_png(confusion: torch.Tensor, names: list[str], path: Path) -> None:
     k = len(names)
-    fig, ax = plt.subplots(figsize=(min(3 + 0.5 * k, 16), min(2.5 + 0.5 * k, 15)))
+    fig, ax = _figure(min(3 + 0.5 * k, 16), min(2.5 + 0.5 * k, 15))
     image = ax.imshow(confusion.numpy(), cmap="Blues")
     fig.colorbar(image, ax=ax)
     if k <= 40:  # beyond that, names and counts would be unreadable
@@ -126,12 +132,11 @@ def _confusion_png(plt, confusion: torch.Tensor, names: list[str], path: Path) -
     ax.set_ylabel("true")
     ax.set_title("confusion matrix (validation)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def _scatter_png(plt, pred: torch.Tensor, true: torch.Tensor, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(5, 5))
+def _scatter_png(pred: torch.Tensor, true: torch.Tensor, path: Path) -> None:
+    fig, ax = _figure(5, 5)
     for t in range(pred.shape[1]):
         ax.scatter(true[:, t].numpy(), pred[:, t].numpy(), s=6, alpha=0.5, label=f"target {t}")
     low, high = float(min(pred.min(), true.min())), float(max(pred.max(), true.max()))
@@ -142,5 +147,4 @@ def _scatter_png(plt, pred: torch.Tensor, true: torch.Tensor, path: Path) -> Non
     if pred.shape[1] > 1:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -122,22 +122,20 @@ def evaluate_checkpoint(
 ) -> dict | None:
     """Rebuild the model from the checkpoint's own config (plus overrides) and validate it;
     with `report_dir`, write the evaluation report there (report.py)."""
-    from . import checkpoint, distributed, report
-    from .config import load_config
-    from .data import build_loader, close_loader, example_inputs
-    from .models import build_model
+    from . import distributed, report
+    from .data import build_loader, close_loader
+    from .inference import load_trained
     from .trainer import build_data, evaluate
 
-    state = checkpoint.load(path)
-    # A bare state_dict carries no config: the defaults plus the overrides describe its model.
-    saved = state.get("config") if isinstance(state.get("config"), dict) else {}
-    cfg = load_config(base=saved, overrides=overrides)
+    # The model from the checkpoint alone; a bare state_dict carries no config: the defaults
+    # plus the overrides describe its model.
+    trained = load_trained(path, overrides)
+    cfg = trained.cfg
     dist, device = distributed.setup(cfg.run.device)
     loader = None
     try:
         # The checkpoint's data meta: the training run's normalisation, classes and split.
-        saved_meta = state.get("data") if isinstance(state.get("data"), dict) else None
-        _, val_set, _, task = build_data(cfg, saved_meta)
+        _, val_set, _, task = build_data(cfg, trained.meta or None)
         loader = build_loader(
             val_set,
             cfg.data,
@@ -147,15 +145,14 @@ def evaluate_checkpoint(
             rank=dist.rank,
             world_size=dist.world_size,
         )
-        model = build_model(cfg.model, example_inputs(val_set), task.num_outputs)
-        checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
         collector = report.Collector(cfg.task.name, task.num_outputs, device)
-        metrics = evaluate(model.to(device), loader, task, device, cfg.train.amp, collector)
+        model = trained.model.to(device)
+        metrics = evaluate(model, loader, task, device, cfg.train.amp, collector)
         if report_dir:
             collector.finish()  # a collective: every rank takes part
-        metrics = {"checkpoint": path, "step": state.get("progress", {}).get("step"), **metrics}
+        metrics = {"checkpoint": path, "step": trained.step, **metrics}
         if report_dir and dist.is_main:
-            classes = (saved_meta or {}).get("classes")
+            classes = trained.meta.get("classes")
             for line in report.write(Path(report_dir), metrics, collector, classes):
                 print(line)
         return metrics if dist.is_main else None

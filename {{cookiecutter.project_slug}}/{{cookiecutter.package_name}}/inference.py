@@ -25,6 +25,7 @@ class Trained:
     meta: dict  # the data meta saved with it
     io: dict  # models.model_io: input shape and dtype, output size
     path: str
+    step: int | None = None  # the optimizer step it was saved at
 
     @property
     def classes(self) -> list[str] | None:
@@ -47,7 +48,10 @@ def load_trained(path: str, overrides: list[str] = ()) -> Trained:
         io = model_io(example_inputs(train_set), task.num_outputs)
     model = build_model(cfg.model, example_of(io), io["num_outputs"])
     checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
-    return Trained(model.eval(), cfg, meta, io, path)
+    step = (
+        state.get("progress", {}).get("step") if isinstance(state.get("progress"), dict) else None
+    )
+    return Trained(model.eval(), cfg, meta, io, path, step)
 
 
 def validation_set(trained: Trained):

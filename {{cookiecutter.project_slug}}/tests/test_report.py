@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,9 +16,11 @@ from conftest import CONFIGS, ROOT, TINY, run_script
 
 from {{ cookiecutter.package_name }} import cli, report
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.tasks import build_task
+from {{ cookiecutter.package_name }}.trainer import evaluate, fit
 
 PNG = b"\x89PNG\r\n\x1a\n"
+NUM_TARGETS = SimpleNamespace(num_targets=1)
 
 
 def test_per_class_numbers_match_a_hand_computation():
@@ -92,6 +95,20 @@ def test_regression_report_draws_predicted_against_true(demo_data, tiny, tmp_pat
     assert cli.evaluate_main(["--checkpoint", best, "--report", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "pred_vs_true.png").read_bytes().startswith(PNG)
     assert json.loads((tmp_path / "r" / "report.json").read_text())["metrics"]["count"] == 200
+
+
+def test_regression_pairs_are_in_the_targets_units():
+    """The model learns standardised targets; the predicted-vs-true picture shows the user's
+    numbers: evaluate hands the collector decoded outputs."""
+    meta = {"target_mean": [150.0], "target_std": [80.0]}
+    task = build_task(load_config(None, ["task.name=regression"]).task, NUM_TARGETS, meta)
+    model = torch.nn.Linear(1, 1)
+    torch.nn.init.zeros_(model.weight)
+    torch.nn.init.ones_(model.bias)  # predicts 1 in standardised units: 150 + 80 = 230
+    collector = report.Collector("regression", 1, torch.device("cpu"))
+    batch = (torch.zeros(4, 1), torch.full((4, 1), 230.0))
+    metrics = evaluate(model, [batch], task, torch.device("cpu"), observe=collector)
+    assert collector.pairs[0][0].tolist() == [[230.0]] * 4 and metrics["rmse"] == 0
 
 
 def test_without_matplotlib_the_report_is_written_without_pictures(tiny, capsys, monkeypatch):

@@ -90,6 +90,16 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_sums(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sum each named tensor (a task's sums: scalars and per-target vectors) over ranks with
+    one collective: flattened into one tensor in key order, which every rank shares whatever
+    order its dict was built in, then split back."""
+    keys = sorted(sums)
+    flat = all_reduce_sum(torch.cat([sums[k].reshape(-1) for k in keys]))
+    parts = flat.split([sums[k].numel() for k in keys])
+    return {k: part.view_as(sums[k]) for k, part in zip(keys, parts, strict=True)}
+
+
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)

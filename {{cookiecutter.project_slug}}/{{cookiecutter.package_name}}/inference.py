@@ -1,12 +1,15 @@
 """A trained model for inference, from its checkpoint alone: the model rebuilt from the saved
 config and "io" (input shape and dtype, output size), its weights, and the data meta that says
-how to read new inputs (classes, normalisation, image size, vocabulary). predict.py and
+how to read new inputs (classes, normalisation, image size, vocabulary) and its outputs
+(regression targets' mean and std, through the task). predict.py and
 export.py start here; the validation split is rebuilt only where real samples are needed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -15,6 +18,7 @@ from . import checkpoint
 from .config import Config, load_config
 from .data import example_inputs
 from .models import build_model, example_of, model_io
+from .tasks import TASKS, build_task
 from .trainer import build_data
 
 
@@ -33,6 +37,15 @@ class Trained:
         if self.cfg.task.name != "classification":
             return None
         return self.meta.get("classes") or [str(i) for i in range(self.io["num_outputs"])]
+
+    @cached_property
+    def task(self):
+        """The run's task, from the checkpoint alone: its size from io, its target statistics
+        from meta; `task.decode(model(x))` is a prediction in the targets' own units."""
+        size = {"class": "num_classes", "value": "num_targets", "tokens": "vocab_size"}
+        targets = TASKS[self.cfg.task.name].targets
+        data = SimpleNamespace(**{size[targets]: self.io["num_outputs"]})
+        return build_task(self.cfg.task, data, self.meta)
 
 
 def load_trained(path: str, overrides: list[str] = ()) -> Trained:

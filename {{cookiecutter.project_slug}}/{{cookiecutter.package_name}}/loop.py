@@ -230,8 +230,9 @@ def evaluate(
     model: nn.Module, loader, task, device: torch.device, amp: str = "off", observe=None
 ) -> dict:
     """The task's metrics over the whole split, counting each sample once on any number of
-    ranks: the task's sums and counts are all-reduced, never per-rank means. `observe(output,
-    y)`, if given, sees every batch (e.g. report.Collector)."""
+    ranks: the task's named sums are added per batch and all-reduced once, never per-rank
+    means. `observe(output, y)`, if given, sees every batch, its outputs in the targets' units
+    (task.decode; e.g. report.Collector)."""
     was_training = model.training
     model.eval()
     totals = None
@@ -242,14 +243,14 @@ def evaluate(
             output = model(x)
         sums = task.sums(output, y)
         if observe is not None:
-            observe(output, y)
-        totals = sums if totals is None else totals + sums
+            observe(task.decode(output), y)
+        totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
     if totals is None:  # no sample on this rank (fewer than ranks): zeros of the right size
         x, y = to_device(empty_batch(loader.dataset), device)
         totals = task.sums(model(x), y)
-    distributed.all_reduce_sum(totals)
+    totals = distributed.all_reduce_sums(totals)
     model.train(was_training)
-    return task.summarise(totals.tolist())
+    return task.summarise({k: v.tolist() for k, v in totals.items()})
 
 
 def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:

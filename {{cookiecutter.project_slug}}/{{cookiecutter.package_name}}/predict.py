@@ -12,7 +12,8 @@ checkpoint's data meta (never the current config):
   model.generate.
 
 Outputs are one CSV row per input: its id, the predicted class name and its probability, or
-the predicted values; plus the known label, if any.
+the predicted values (regression: in the targets' units, mapped back with meta["target_mean"]
+/ meta["target_std"]); plus the known label, if any.
 """
 
 from __future__ import annotations
@@ -149,12 +150,12 @@ def predict_rows(
     trained: Trained, x: torch.Tensor, device: torch.device, batch_size: int
 ) -> list[list]:
     """The model's predictions for `x`, batch by batch: [class name, probability] per row for
-    a classifier, else its output values."""
+    a classifier, else its output values in the targets' units (task.decode)."""
     model, rows = trained.model.to(device), []
     for start in range(0, len(x), batch_size):
-        output = model(x[start : start + batch_size].to(device)).float().cpu()
+        output = trained.task.decode(model(x[start : start + batch_size].to(device))).cpu()
         if trained.classes:
-            prob, index = output.softmax(-1).max(-1)
+            prob, index = output.float().softmax(-1).max(-1)
             rows += [
                 [trained.classes[i], round(p, 6)]
                 for i, p in zip(index.tolist(), prob.tolist(), strict=True)

@@ -22,7 +22,8 @@ from .utils.plots import INSTALL_HINT, available, save_figure
 
 class Collector:
     """Passed to trainer.evaluate as `observe`: collects what the report needs, batch by
-    batch (on the device for a classifier: no copy per batch)."""
+    batch (on the device for a classifier: no copy per batch). evaluate hands it outputs in
+    the targets' units (task.decode), so regression pairs are the user's numbers."""
 
     def __init__(self, task: str, num_outputs: int, device: torch.device):
         self.task, self.k = task, num_outputs

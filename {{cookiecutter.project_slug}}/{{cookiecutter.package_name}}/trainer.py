@@ -116,7 +116,7 @@ def build_data(cfg: Config, meta: dict | None = None):
     """(train set, val set, data meta, task): the task says which targets it needs from the
     data and sizes the model's output from it. `meta`: a checkpoint's, for evaluation."""
     train_set, val_set, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets, meta)
-    return train_set, val_set, meta, build_task(cfg.task, source_of(train_set))
+    return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta)
 
 
 def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:

@@ -10,7 +10,8 @@ stratified by class). `dataset[i]` is a pair `(x, y)` of tensors:
   (K,) ("value" targets; set `num_targets`), or int64 tokens (T,) (set `vocab_size`).
 Optional: `classes` (class names), `meta` (what prediction needs to read new inputs), and
 `prepare(indices, meta)`, which learns preprocessing (e.g. normalisation) from the training
-rows `indices`, or applies a checkpoint's `meta`, and returns the meta.
+rows `indices`, or applies a checkpoint's `meta`, and returns the meta. The mean and std of
+"value" targets over the training rows are added to the meta here, for every dataset.
 Data held in memory as two tensors can subclass InMemoryDataset: batches are then one
 gather (`dataset[list_of_indices]`), not `batch_size` calls and a collate.
 """
@@ -30,7 +31,7 @@ from ..utils.signals import ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
 from .image_folder import ImageFolder
-from .in_memory import InMemoryDataset
+from .in_memory import InMemoryDataset, mean_and_std
 from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
@@ -54,16 +55,17 @@ def build_datasets(cfg: DataConfig, targets: str, meta: dict | None = None):
     if getattr(opts, "targets", None) == "auto":  # e.g. a CSV's label column: the task decides
         opts = replace(opts, targets=targets)
     own_val = getattr(source, "has_val_split", lambda _: True)(opts)
+    saved = meta
     if own_val and cfg.folds < 2:
         train, val = source(opts, "train"), source(opts, "val")
-        meta = _prepare(train, range(len(train)), meta)
+        meta = _prepare(train, range(len(train)), saved)
         _prepare(val, None, meta)
-        return train, val, meta
+        return train, val, {**meta, **target_stats(train, range(len(train)), targets, saved)}
     pool = source(opts, "train" if own_val else "all")
     train_idx, val_idx, split = _split(pool, cfg)
-    check_split(split, meta)
-    meta = {**_prepare(pool, train_idx, meta), "split": split}
-    return Split(pool, train_idx), Split(pool, val_idx), meta
+    check_split(split, saved)
+    meta = {**_prepare(pool, train_idx, saved), **target_stats(pool, train_idx, targets, saved)}
+    return Split(pool, train_idx), Split(pool, val_idx), {**meta, "split": split}
 
 
 class Split(Subset):
@@ -117,6 +119,24 @@ def _prepare(dataset, indices, meta: dict | None) -> dict:
     if hasattr(dataset, "prepare"):
         return dataset.prepare(indices, meta)
     return dict(getattr(dataset, "meta", {}))
+
+
+def target_stats(dataset, indices, targets: str, saved: dict | None) -> dict:
+    """The mean and std per target of the training rows `indices` of "value" targets, which
+    the regression task standardises with: a checkpoint's own where `saved` is given
+    (checkpoints from before these statistics have none: the task then reads mean 0, std 1)."""
+    keys = ("target_mean", "target_std")
+    if targets != "value":
+        return {}
+    if saved is not None:
+        return {key: saved[key] for key in keys if key in saved}
+    rows = torch.as_tensor(list(indices), dtype=torch.int64)
+    if isinstance(dataset, InMemoryDataset):
+        y = dataset.y[rows]
+    else:  # one pass over the training targets, once per run
+        y = torch.stack([torch.as_tensor(dataset[i][1]) for i in rows.tolist()])
+    mean, std = mean_and_std(y.view(len(y), -1))
+    return {"target_mean": mean.tolist(), "target_std": std.tolist()}
 
 
 def source_of(dataset: Dataset) -> Dataset:

@@ -9,8 +9,10 @@
 
 Labels are class names or numbers for classification (ids follow the sorted names) and numbers
 for regression. Features are standardised with the mean and standard deviation of the
-training rows only; those statistics, the feature names and the class names travel in every
-checkpoint (`meta`), so evaluation and prediction read new rows the same way.
+training rows only (a constant column's std counts as 1); those statistics, the feature names
+and the class names travel in every checkpoint (`meta`), so evaluation and prediction read
+new rows the same way. Regression targets are standardised too, by the task, with statistics
+of the training rows (`target_mean`, `target_std` in the meta; see data/__init__.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Literal
 import torch
 
 from ..errors import ConfigError
-from .in_memory import InMemoryDataset
+from .in_memory import InMemoryDataset, mean_and_std
 
 
 @dataclass
@@ -74,8 +76,8 @@ class CSVTable(InMemoryDataset):
                 )
             mean, std = torch.tensor(meta["mean"]), torch.tensor(meta["std"])
         elif self.opts.normalize:
-            rows = self.x[torch.as_tensor(list(indices))]
-            mean, std = rows.mean(0), rows.std(0, correction=0).clamp(min=1e-8)
+            # As float32, as prediction reads them back from the meta: both scale alike.
+            mean, std = (t.float() for t in mean_and_std(self.x[torch.as_tensor(list(indices))]))
         else:
             mean, std = torch.zeros(self.x.shape[1]), torch.ones(self.x.shape[1])
         self.x = (self.x - mean) / std

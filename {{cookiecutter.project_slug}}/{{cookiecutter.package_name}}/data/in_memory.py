@@ -1,4 +1,5 @@
-"""Base for datasets held in memory as two tensors: inputs `x` (N, ...), targets `y` (N, ...)."""
+"""Base for datasets held in memory as two tensors: inputs `x` (N, ...), targets `y` (N, ...);
+and the statistics that standardise their columns."""
 
 from __future__ import annotations
 
@@ -19,3 +20,13 @@ class InMemoryDataset(Dataset):
         if isinstance(i, list):
             i = torch.as_tensor(i)
         return self.x[i], self.y[i]
+
+
+def mean_and_std(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-column mean and standard deviation of `rows` (N, F), in float64, for standardising.
+    A constant column gets std 1, not ~0: dividing by ~0 would blow a new value in it (at
+    prediction) up by 1e8 or more, where it should stay a moderate number."""
+    rows = rows.double()
+    mean, std = rows.mean(0), rows.std(0, correction=0)
+    constant = std <= 1e-12 * mean.abs()  # zero, up to float64 rounding of the mean
+    return mean, torch.where(constant, torch.ones_like(std), std)

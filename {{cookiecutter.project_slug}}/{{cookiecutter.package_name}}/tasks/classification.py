@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..utils.device import sums_dtype
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Classification:
     targets = "class"
     metrics = {"acc": "max", "loss": "min"}
 
-    def __init__(self, opts: Options, data):
+    def __init__(self, opts: Options, data, meta: dict | None = None):
         self.label_smoothing = opts.label_smoothing
         self.num_outputs = getattr(data, "num_classes", None)
         if not self.num_outputs:
@@ -37,12 +38,19 @@ class Classification:
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, y, label_smoothing=self.label_smoothing)
 
-    def sums(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # The reported loss is the plain cross-entropy, comparable across label_smoothing.
-        loss = F.cross_entropy(output.float(), y, reduction="sum")
-        correct = (output.argmax(1) == y).sum()
-        return torch.stack([loss, correct.float(), torch.tensor(float(len(y)), device=y.device)])
+    def decode(self, output: torch.Tensor) -> torch.Tensor:
+        return output  # logits
 
-    def summarise(self, sums: list[float]) -> dict:
-        loss, correct, count = sums
-        return {"loss": loss / count, "acc": correct / count, "count": int(count)}
+    def sums(self, output: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        # The reported loss is the plain cross-entropy, comparable across label_smoothing.
+        # Per batch in float32; the float64 sums add up over batches and ranks without loss.
+        wide = sums_dtype(y.device)
+        return {
+            "loss": F.cross_entropy(output.float(), y, reduction="sum").to(wide),
+            "correct": (output.argmax(1) == y).sum().to(wide),
+            "count": torch.full((), len(y), dtype=wide, device=y.device),
+        }
+
+    def summarise(self, sums: dict) -> dict:
+        count = sums["count"]
+        return {"loss": sums["loss"] / count, "acc": sums["correct"] / count, "count": int(count)}

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..utils.device import sums_dtype
 
 
 @dataclass
@@ -22,7 +23,7 @@ class LanguageModel:
     targets = "tokens"
     metrics = {"perplexity": "min", "loss": "min", "acc": "max"}
 
-    def __init__(self, opts: Options, data):
+    def __init__(self, opts: Options, data, meta: dict | None = None):
         self.num_outputs = getattr(data, "vocab_size", None)
         if not self.num_outputs:
             raise ConfigError(
@@ -33,18 +34,24 @@ class LanguageModel:
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output.flatten(0, -2), y.flatten())
 
-    def sums(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits, y = output.float().flatten(0, -2), y.flatten()
-        loss = F.cross_entropy(logits, y, reduction="sum")
-        correct = (logits.argmax(-1) == y).sum().float()
-        return torch.stack([loss, correct, torch.tensor(float(y.numel()), device=y.device)])
+    def decode(self, output: torch.Tensor) -> torch.Tensor:
+        return output  # logits
 
-    def summarise(self, sums: list[float]) -> dict:
-        loss, correct, tokens = sums
-        mean = loss / tokens
+    def sums(self, output: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits, y = output.float().flatten(0, -2), y.flatten()
+        wide = sums_dtype(y.device)
+        return {
+            "loss": F.cross_entropy(logits, y, reduction="sum").to(wide),
+            "correct": (logits.argmax(-1) == y).sum().to(wide),
+            "tokens": torch.full((), y.numel(), dtype=wide, device=y.device),
+        }
+
+    def summarise(self, sums: dict) -> dict:
+        tokens = sums["tokens"]
+        mean = sums["loss"] / tokens
         return {
             "perplexity": math.exp(min(mean, 700.0)),  # exp overflows past ~709
             "loss": mean,
-            "acc": correct / tokens,
+            "acc": sums["correct"] / tokens,
             "count": int(tokens),
         }

@@ -134,6 +134,12 @@ def to_device(batch, device: torch.device):
     return batch
 
 
+def sums_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of metric sums that add up over batches and ranks: float64, but float32 on
+    Apple's MPS, which has no float64."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def memory_mb(device: torch.device) -> tuple[str, float]:
     """(metric name, MB): on CUDA the peak allocation since the last call (so each epoch has
     its own), on MPS the driver's current allocation (MPS keeps no peak), on CPU the process's

@@ -86,6 +86,27 @@ def test_csv_regression_values_match_evaluate_rmse(demo_data, tiny, tmp_path):
     assert math.sqrt(sum(e * e for e in err) / len(err)) == pytest.approx(rmse, rel=1e-3)
 
 
+def test_tensor_file_targets_far_from_zero_are_predicted_in_their_units(tiny, tmp_path):
+    """Float targets of train.pt: their mean and std (of train.pt alone, not val.pt) travel
+    in the checkpoint, which evaluate and predict read back; predictions are in y's units."""
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", 64), ("val", 24)):
+        x = torch.randn(n, 3, generator=g)
+        y = 1000 + 50 * x @ torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]])  # (n, 2)
+        torch.save({"x": x, "y": y + 100 * (split == "val")}, tmp_path / f"{split}.pt")
+    data = ["data.name=tensors", f"data.root={tmp_path}", "task.name=regression"]
+    best = best_of(tiny_with(tiny, *data, "model.name=mlp", "train.epochs=1"))
+    meta = load_trained(best).meta
+    train_y = torch.load(tmp_path / "train.pt")["y"].double()
+    assert meta["target_mean"] == pytest.approx(train_y.mean(0).tolist(), rel=1e-9)
+    assert meta["target_std"] == pytest.approx(train_y.std(0, correction=0).tolist(), rel=1e-9)
+    rmse = cli.evaluate_checkpoint(best)["rmse"]
+    rows = predict(best, str(tmp_path / "val.pt"), out=tmp_path / "p.csv")
+    pred = torch.tensor([[float(r["prediction_0"]), float(r["prediction_1"])] for r in rows])
+    err = pred - torch.load(tmp_path / "val.pt")["y"]
+    assert 900 < pred.mean() < 1200 and err.square().mean().sqrt() == pytest.approx(rmse, rel=1e-4)
+
+
 def test_a_table_without_the_trained_columns_is_one_line(demo_data, tiny, tmp_path, capsys):
     best = csv_run(demo_data, tiny, "classes")
     (tmp_path / "short.csv").write_text("f0,f1\n1,2\n")

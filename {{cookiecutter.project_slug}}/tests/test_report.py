@@ -141,3 +141,28 @@ def test_under_torchrun_the_report_counts_each_sample_once(tmp_path):
     one = json.loads((tmp_path / "alone" / "report.json").read_text())
     assert sum(map(sum, two["confusion_matrix"])) == 97 == alone["count"]
     assert two["confusion_matrix"] == one["confusion_matrix"]
+
+
+@pytest.mark.slow
+def test_regression_on_a_rank_without_validation_samples(tmp_path):
+    """One validation row on two ranks: rank 1 sums nothing, and its named zeros (per-target
+    vectors included) join rank 0's in the one all-reduce; the metrics equal one process's."""
+    rows = [f"{i % 7},{i % 3},{200 + 10 * (i % 7) - 5 * (i % 3)}" for i in range(40)]
+    (tmp_path / "t.csv").write_text("\n".join(["a,b,y", *rows]) + "\n")
+    (tmp_path / "v.csv").write_text("a,b,y\n3,1,221\n")
+    data = [f"data.path={tmp_path / 't.csv'}", f"data.val_path={tmp_path / 'v.csv'}"]
+    common = ["data.name=csv", "data.label=y", "model.name=mlp", "task.name=regression"]
+    common += ["train.batch_size=8", "train.epochs=1", "run.device=cpu", "run.loggers=[csv]"]
+    fit(load_config(None, [*common, *data, f"run.output_dir={tmp_path}"]))
+    best = tmp_path / "default" / "best.pt"
+    alone = cli.evaluate_checkpoint(str(best), ["run.device=cpu"])
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["scripts/evaluate.py", "--checkpoint", str(best), "--report", str(tmp_path / "two")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads((tmp_path / "two" / "report.json").read_text())["metrics"]
+    assert two["count"] == alone["count"] == 1
+    for key in ("loss", "rmse", "mae"):
+        assert two[key] == pytest.approx(alone[key], rel=1e-9), key

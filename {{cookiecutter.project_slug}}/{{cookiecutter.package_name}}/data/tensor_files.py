@@ -9,7 +9,8 @@ Checked at load, each problem reported on one line: x is a floating-point tensor
 2 dims (float64 and float16 are converted to float32; integer images are refused, since their
 scale is unknown: convert them, e.g. x.float() / 255), or int64 token ids (N, T) with y the
 same shape (language modelling). y holds N integer class ids 0..K-1 (classification; K counts
-the classes of train.pt) or floats (N,) / (N, K) (regression). val.pt has the same sample
+the classes of train.pt) or floats (N,) / (N, K) (regression: their training rows' mean and std
+go into the data meta, and the task learns them standardised). val.pt has the same sample
 shape. Grayscale images (N, H, W) get a channel dim, (N, 1, H, W), so the cnn can run on them.
 """
 

@@ -1,8 +1,8 @@
 """A trained model for inference, from its checkpoint alone: the model rebuilt from the saved
 config and "io" (input shape and dtype, output size), its weights, and the data meta that says
 how to read new inputs (classes, normalisation, image size, vocabulary) and its outputs
-(regression targets' mean and std, through the task). predict.py and
-export.py start here; the validation split is rebuilt only where real samples are needed.
+(regression targets' mean and std, through the task). predict.py and export.py start here;
+the validation split is rebuilt only where real samples are needed.
 """
 
 from __future__ import annotations

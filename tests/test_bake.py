@@ -123,6 +123,8 @@ EXPECTED = {
     "tests/test_export.py",
     "tests/test_plots.py",
     "tests/test_compare.py",
+    "tests/pairwise.py",
+    "tests/test_combinations.py",
     "tests/test_trackers.py",
 }
 

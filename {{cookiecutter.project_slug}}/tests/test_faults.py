@@ -172,3 +172,23 @@ def test_init_from_loads_what_fits_and_keeps_a_new_head(tiny, capsys):
     # One step of training later the backbone has moved, but it started from the source.
     assert first["progress"]["step"] == 1
     assert not torch.equal(first["model"]["head.1.weight"][:3], source["head.1.weight"][:3])
+
+
+def test_a_stop_signal_while_loader_workers_start_leaves_them_running(tiny, monkeypatch):
+    """A SIGTERM to the whole job can reach a loader worker between its fork and the moment it
+    starts ignoring the signal (torch's own worker handler dies of it, and the training process
+    then raises "DataLoader worker exited unexpectedly" instead of saving). Here each worker
+    is signalled in that moment: the loader must still deliver every batch."""
+    from {{ cookiecutter.package_name }} import data as data_module
+
+    def signalled_while_starting(worker_id: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(data_module, "seed_worker", signalled_while_starting)
+    cfg = load_config(None, [*tiny, "data.num_workers=2"])
+    train_set, _, _ = data_module.build_datasets(cfg.data, "class")
+    loader = data_module.build_loader(train_set, cfg.data, 16, train=True, seed=0)
+    try:
+        assert sum(len(y) for _, y in loader) == len(train_set) // 16 * 16
+    finally:
+        data_module.close_loader(loader)

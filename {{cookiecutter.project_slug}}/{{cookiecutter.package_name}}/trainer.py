@@ -142,6 +142,12 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
             f"{len(train_set)} training samples; lower train.batch_size"
         )
     example = example_inputs(train_set)  # what the model is built and tried on
+    if cfg.train.channels_last and example.dim() != 4:  # it would change nothing: say so
+        raise ConfigError(
+            f"train.channels_last=true is a layout of image batches (N, C, H, W), but "
+            f"data.name={cfg.data.name} gives inputs of shape {tuple(example.shape)}; set "
+            "train.channels_last=false"
+        )
     io = model_io(example, task.num_outputs)
     return Data(
         train_set=train_set,

@@ -27,7 +27,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 from ..config import DataConfig
 from ..errors import ConfigError
 from ..utils.seed import seed_worker
-from ..utils.signals import ignore_stop_signals
+from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
 from .image_folder import ImageFolder
@@ -167,7 +167,7 @@ def build_loader(
         # to load in batches: a BatchSampler as the sampler and automatic batching off.
         batching = dict(batch_size=None, sampler=BatchSampler(sampler, batch_size, train))
     workers = cfg.num_workers
-    return DataLoader(
+    return _Loader(
         dataset,
         **batching,
         num_workers=workers,
@@ -177,6 +177,18 @@ def build_loader(
         # A private generator: worker seeds come from (seed, rank), not the global RNG stream.
         generator=torch.Generator().manual_seed(seed + 1000 * rank),
     )
+
+
+class _Loader(DataLoader):
+    """torch's DataLoader whose worker processes are forked with the stop signals blocked
+    (utils/signals.deferred_in_children): a SIGTERM to the whole job while they start must
+    not kill them."""
+
+    def __iter__(self):
+        if self.num_workers == 0:
+            return super().__iter__()
+        with deferred_in_children():
+            return super().__iter__()
 
 
 def close_loader(loader: DataLoader) -> None:

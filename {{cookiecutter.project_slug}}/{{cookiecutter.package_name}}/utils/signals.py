@@ -3,6 +3,7 @@ stop a job) set a flag instead of killing the process, so the loop can save firs
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
@@ -30,6 +31,23 @@ class StopSignal:
         self._previous.clear()
 
 
+@contextlib.contextmanager
+def deferred_in_children():
+    """Block the stop signals while processes are forked (DataLoader workers): a child starts
+    with them blocked, so one sent to the whole job (torchrun, scancel) in the moment between
+    the fork and ignore_stop_signals() stays pending instead of killing it (torch's worker
+    handler dies of SIGTERM, and the training process then raises mid-step). The parent gets
+    a signal sent meanwhile once the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def ignore_stop_signals() -> None:
     """For DataLoader workers. torchrun (os.killpg) and SLURM (scancel) signal every process of
     a job, workers included; a worker that dies of SIGTERM makes the training process raise
@@ -37,3 +55,5 @@ def ignore_stop_signals() -> None:
     own pace; the workers still end through the loader's shutdown."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked since the fork (deferred_in_children)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)

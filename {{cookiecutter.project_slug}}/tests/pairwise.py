@@ -1,0 +1,144 @@
+"""The option combinations that tests/test_combinations.py runs: every pair of values of the
+axes below appears in at least one case (a covering array, built greedily), and each case is
+either expected to train or to be refused up front by one of REFUSED's rules.
+
+Adding an axis or a value adds cases by itself; adding a refusal to the project means adding
+its rule here (and a line to the README's table of refused combinations).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+# Values of each axis; the first is the everyday one.
+AXES: dict[str, list] = {
+    "task": ["cls-synthetic-cnn", "cls-csv-mlp", "cls-images-cnn", "reg-csv-mlp", "lm-text"],
+    "ranks": ["ddp-1", "ddp-2", "fsdp-1", "fsdp-2"],
+    "amp": ["off", "bf16", "fp16"],
+    "compile": [False, True],
+    "channels_last": [False, True],
+    "accum": [1, 3],
+    "workers": [0, 2],
+    # fresh: a new run, resumed with resume=auto | init: init_from=<a best.pt> and resume=auto
+    # on both launches (SLURM, sweeps) | init-fresh: init_from on the first launch only |
+    # path: resumed with resume=<its last.pt>
+    "start": ["fresh", "init", "init-fresh", "path"],
+    "max_steps": ["off", "mid-epoch"],
+    "early_stop": [False, True],
+    "folds": [0, 3],
+    "loggers": ["csv", "csv+tensorboard"],
+    "export": ["torchscript", "export", "onnx"],
+}
+
+IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Combinations the project refuses before anything is written: a case refused by this
+    rule has every axis of `when` at one of its values. `keys` are what the error line
+    names; `devices` where the rule holds (fp16 runs on CUDA)."""
+
+    when: dict
+    keys: tuple[str, ...]
+    why: str
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+    def matches(self, case: dict, device: str) -> bool:
+        return device in self.devices and all(
+            axis in case and case[axis] in values for axis, values in self.when.items()
+        )
+
+
+# The most specific rule first: config validation refuses fsdp + fp16 before the device check.
+REFUSED = [
+    Rule(
+        {"ranks": ["fsdp-1", "fsdp-2"], "amp": ["fp16"]},
+        ("train.amp=fp16", "train.strategy=fsdp"),
+        "fp16 under fsdp needs a sharded grad scaler; bf16 needs none",
+    ),
+    Rule({"amp": ["fp16"]}, ("train.amp=fp16",), "fp16 needs a GPU; bf16 runs on CPU", ("cpu",)),
+    Rule(
+        {"ranks": ["fsdp-1", "fsdp-2"], "channels_last": [True]},
+        ("train.channels_last", "train.strategy=fsdp"),
+        "FSDP2 shards parameters flat; channels_last weights cannot be sharded",
+    ),
+    Rule(
+        {"task": [t for t in AXES["task"] if t not in IMAGE_TASKS], "channels_last": [True]},
+        ("train.channels_last",),
+        "channels_last is a layout of image batches (N, C, H, W); other inputs have none",
+    ),
+]
+
+# Cases the CPU cannot run (listed by the suite, run by scripts/gpu_check.py on CUDA).
+GPU_ONLY = {"amp": ["fp16"]}
+
+
+def refusal(case: dict, device: str) -> Rule | None:
+    """The first rule that refuses `case` on `device`, or None when it must train."""
+    return next((rule for rule in REFUSED if rule.matches(case, device)), None)
+
+
+def _pairs(case: dict) -> set:
+    items = sorted((axis, repr(value)) for axis, value in case.items())
+    return set(itertools.combinations(items, 2))
+
+
+def covering_cases(axes: dict = AXES, device: str = "cpu") -> list[dict]:
+    """Cases that train, holding every pair of values that no rule refuses; then one case per
+    rule, holding its refused combination. Deterministic: the same list every time."""
+    names = list(axes)
+    uncovered = set()
+    for a, b in itertools.combinations(names, 2):
+        for va, vb in itertools.product(axes[a], axes[b]):
+            if refusal({a: va, b: vb}, device) is None:
+                uncovered.add(tuple(sorted([(a, repr(va)), (b, repr(vb))])))
+    uses = {(axis, repr(value)): 0 for axis in names for value in axes[axis]}
+    cases: list[dict] = []
+    while uncovered:
+        (a, ra), (b, rb) = min(uncovered)
+        case = {a: _value(axes, a, ra), b: _value(axes, b, rb)}
+        for axis in sorted(names, key=lambda n: -len(axes[n])):
+            if axis in case:
+                continue
+            best, score = None, None
+            for value in axes[axis]:
+                trial = {**case, axis: value}
+                if refusal(trial, device) is not None:
+                    continue
+                gain = len(_pairs(trial) & uncovered) - len(_pairs(case) & uncovered)
+                key = (gain, -uses[(axis, repr(value))])
+                if score is None or key > score:
+                    best, score = value, key
+            case[axis] = best
+        case = {axis: case[axis] for axis in names}
+        uncovered -= _pairs(case)
+        for axis, value in case.items():
+            uses[(axis, repr(value))] += 1
+        cases.append(case)
+    for rule in REFUSED:
+        if device not in rule.devices:
+            continue
+        base = next(
+            (c for c in cases if all(c[axis] != values[0] for axis, values in rule.when.items())),
+            cases[0],
+        )
+        refused = {**base, **{axis: values[0] for axis, values in rule.when.items()}}
+        if refusal(refused, device) is rule:
+            cases.append(refused)
+    return cases
+
+
+def _value(axes: dict, axis: str, text: str):
+    return next(value for value in axes[axis] if repr(value) == text)
+
+
+def case_id(case: dict) -> str:
+    """A short readable id: the case's values that differ from each axis's first."""
+    parts = [case["task"], case["ranks"]]
+    for axis, value in case.items():
+        if axis in ("task", "ranks") or value == AXES[axis][0]:
+            continue
+        parts.append(axis if value is True else f"{axis}-{value}")
+    return "-".join(str(p) for p in parts).replace("_", "").replace("+", "-")

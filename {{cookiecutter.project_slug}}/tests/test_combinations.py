@@ -1,0 +1,351 @@
+"""Options as users combine them: every pair of values of tests/pairwise.py's axes, each case
+either refused up front or trained end to end.
+
+A refused case must end with exit 2, one `error:` line naming the conflicting keys, and no run
+folder. Any other case trains until a SIGTERM stops it (saved, exit 75), resumes to the end
+and then the commands its summary prints (consolidate, evaluate, predict, export) must work on
+its checkpoints, with evaluate's metrics equal to what the run recorded. A traceback, a hang or
+a setting silently dropped fails the case, and the failure prints the command to rerun it.
+
+One-process cases run in this process (the SIGTERM is raised right after the run's first line,
+so it stops after one step); two-rank cases run under torchrun and the SIGTERM goes to its
+whole process group after the first epoch, as SLURM sends it. COMBINATIONS_DEVICE=cuda runs the suite on GPUs
+(scripts/gpu_check.py does): fp16 and NCCL cases train there instead of being refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import faulthandler
+import io
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_script
+from pairwise import AXES, REFUSED, case_id, covering_cases, refusal
+
+from {{ cookiecutter.package_name }} import cli, trainer
+
+pytestmark = pytest.mark.slow
+
+DEVICE = os.environ.get("COMBINATIONS_DEVICE", "cpu")
+CASES = covering_cases(device=DEVICE)
+CONFIGS = ROOT / "configs" / "experiments"
+
+
+def family_args(task: str, data: Path) -> list[str]:
+    """--config and overrides that make each task's example tiny (seconds a case)."""
+    return {
+        "cls-synthetic-cnn": [
+            "data.train_size=192",
+            "data.val_size=64",
+            "data.image_size=8",
+            "data.num_classes=4",
+            "model.width=8",
+        ],
+        "cls-csv-mlp": [
+            "data.name=csv",
+            f"data.path={data / 'classes.csv'}",
+            "data.label=species",
+            "model.name=mlp",
+            "model.width=16",
+        ],
+        "cls-images-cnn": [
+            "--config",
+            str(CONFIGS / "image_folder.yaml"),
+            f"data.root={data / 'images'}",
+            "data.image_size=8",
+            "model.width=8",
+        ],
+        "reg-csv-mlp": [
+            "--config",
+            str(CONFIGS / "csv_regression.yaml"),
+            f"data.path={data / 'regression.csv'}",
+            "model.width=16",
+        ],
+        "lm-text": [
+            "--config",
+            str(CONFIGS / "char_lm.yaml"),
+            f"data.path={data / 'text.txt'}",
+            "data.seq_len=16",
+            "model.width=16",
+            "model.depth=1",
+            "model.heads=2",
+            "model.max_len=16",
+        ],
+    }[task]
+
+
+COMMON = [
+    "train.batch_size=16",
+    "train.epochs=3",
+    "train.warmup_steps=2",
+    "run.log_every=2",
+    "run.threads=1",
+]
+
+
+def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]:
+    """The first launch's arguments (everything but how it resumes)."""
+    args = [*family_args(case["task"], data), *COMMON, f"run.device={DEVICE}"]
+    args += [f"run.output_dir={out}", f"run.name={case_id(case)[:80]}"]
+    args += [
+        f"train.strategy={case['ranks'].split('-')[0]}",
+        f"train.amp={case['amp']}",
+        f"train.compile={str(case['compile']).lower()}",
+        f"train.channels_last={str(case['channels_last']).lower()}",
+        f"train.grad_accum_steps={case['accum']}",
+        f"data.num_workers={case['workers']}",
+        f"run.loggers=[{case['loggers'].replace('+', ',')}]",
+    ]
+    if case["early_stop"]:  # no epoch improves by 100: stops after the second epoch
+        args += ["train.early_stop_patience=1", "train.early_stop_min_delta=100"]
+    if case["folds"]:
+        args += [f"data.folds={case['folds']}", "data.fold=1"]
+    if case["start"] in ("init", "init-fresh"):
+        args.append(f"train.init_from={base}")
+    if case["start"] == "init":
+        args.append("train.resume=auto")
+    return args
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """The demo data, cut down: 400 table rows, 6,000 characters of text, the 480 images."""
+    root = tmp_path_factory.mktemp("combination-data")
+    proc = run_script("scripts/make_demo_data.py", "--out", str(root))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("classes.csv", "regression.csv"):
+        lines = (root / name).read_text().splitlines(keepends=True)
+        (root / name).write_text("".join(lines[:401]))
+    (root / "text.txt").write_text((root / "text.txt").read_text()[:6000])
+    return root
+
+
+@pytest.fixture(scope="module")
+def bases(data, tmp_path_factory) -> dict:
+    """A finished one-epoch run per task, whose best.pt the init_from cases start from."""
+    out = tmp_path_factory.mktemp("combination-bases")
+    found = {}
+    for task in AXES["task"]:
+        args = [*family_args(task, data), *COMMON, "train.epochs=1", "run.loggers=[csv]"]
+        args += [f"run.device={DEVICE}", f"run.output_dir={out}", f"run.name={task}"]
+        code, text = launch(args)
+        assert code == 0, text
+        found[task] = out / task / "best.pt"
+    return found
+
+
+def launch(argv: list[str], stop_after_announce: bool = False) -> tuple[int, str]:
+    """scripts/train.py in this process: (exit code, stdout + stderr)."""
+    out = io.StringIO()
+    announce = trainer.announce
+
+    def announce_then_stop(*args, **kwargs):
+        announce(*args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)  # as a scheduler would: stop, save, exit 75
+
+    torch._dynamo.reset()  # compiled cases: no recompile limit carried between cases
+    faulthandler.dump_traceback_later(300, exit=True)  # a hang ends the suite, with stacks
+    try:
+        if stop_after_announce:
+            trainer.announce = announce_then_stop
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = cli.train_main(argv)
+    finally:
+        trainer.announce = announce
+        faulthandler.cancel_dump_traceback_later()
+    return code, out.getvalue()
+
+
+def torchrun(argv: list[str], stop_after_announce: bool = False) -> tuple[int, str]:
+    """scripts/train.py on two ranks; with `stop_after_announce`, SIGTERM to the whole job
+    (torchrun, ranks, loader workers), as scancel sends it, once the first epoch is done.
+    Not sooner: torchrun kills its ranks 30 s after a SIGTERM, and a first step that compiles
+    on two loaded cores can take longer than that."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.Popen(
+        [*cmd, "scripts/train.py", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if stop_after_announce and line.startswith("epoch 1/"):
+                os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return code, "".join(lines)
+
+
+def assert_no_traceback(text: str, rerun: str) -> None:
+    """No traceback from the project's code (torchrun's own report of a rank that exited 75,
+    or of the SIGTERM it was sent, is torchrun's way of saying so)."""
+    ours = re.search(r'File "[^"]*(scripts/\w+\.py|/{{ cookiecutter.package_name }}/)', text)
+    assert ours is None, f"{rerun}\n{text[-5000:]}"
+
+
+TOOLS = {
+    "scripts/consolidate.py": cli.consolidate_main,
+    "scripts/evaluate.py": cli.evaluate_main,
+    "scripts/predict.py": cli.predict_main,
+    "scripts/export.py": cli.export_main,
+}
+
+
+def tool(script: str, args: list[str]) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = TOOLS[script](args)
+    assert code == 0, f"python {script} {shlex.join(args)} -> exit {code}\n{out.getvalue()}"
+    return out.getvalue()
+
+
+def next_commands(text: str) -> dict[str, list[str]]:
+    """The summary's `next:` commands: {name: [script, args...]}."""
+    found = {}
+    for line in text.split("\nnext:\n", 1)[-1].splitlines():
+        name, sep, command = line.strip().partition(": python ")
+        if sep:
+            found[name] = shlex.split(command)
+    return found
+
+
+def recorded(out: Path, run: str) -> dict:
+    with (out / "runs.csv").open(newline="") as f:
+        return next(row for row in csv.DictReader(f) if row["run"] == run)
+
+
+def evaluated(checkpoint: Path, sharded: bool) -> dict:
+    if sharded:  # what the summary's consolidate command does for the best checkpoint
+        tool("scripts/consolidate.py", ["--checkpoint", str(checkpoint)])
+        checkpoint = checkpoint.with_name(f"{checkpoint.stem}.full.pt")
+    text = tool("scripts/evaluate.py", ["--checkpoint", str(checkpoint)])
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def assert_close(got: float, want: float, what: str) -> None:
+    assert abs(got - want) <= 1e-3 * max(1.0, abs(want)), f"{what}: evaluate {got} vs {want}"
+
+
+def test_the_suite_covers_every_pair_and_every_refusal():
+    """The generated cases hold every pair of values that no rule refuses, and one case per
+    rule that refuses it (the generator itself, checked independently of it)."""
+    for a in AXES:
+        for b in AXES:
+            for va in AXES[a]:
+                for vb in AXES[b]:
+                    if a >= b or refusal({a: va, b: vb}, DEVICE):
+                        continue
+                    assert any(
+                        c[a] == va and c[b] == vb and not refusal(c, DEVICE) for c in CASES
+                    ), (a, va, b, vb)
+    for rule in REFUSED:
+        if DEVICE in rule.devices:
+            assert any(refusal(c, DEVICE) is rule for c in CASES), rule.why
+    assert len({case_id(c) for c in CASES}) == len(CASES)
+
+
+def test_the_readme_lists_every_refused_combination():
+    readme = (ROOT / "README.md").read_text()
+    for rule in REFUSED:
+        assert all(key.split("=")[0] in readme for key in rule.keys), rule.keys
+        assert rule.why in readme, f"README's refused combinations lack: {rule.why}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_combination(case, data, bases, tmp_path):
+    out = tmp_path / "runs"
+    args = case_args(case, data, out, bases[case["task"]])
+    name = case_id(case)[:80]
+    ranks = int(case["ranks"].split("-")[1])
+    run = torchrun if ranks > 1 else launch
+    rerun = f"rerun: {'torchrun --nproc_per_node=2' if ranks > 1 else 'python'} scripts/train.py"
+    rerun += f" {shlex.join(args)}"
+    if ranks > torch.cuda.device_count() and DEVICE == "cuda":
+        pytest.skip(f"needs {ranks} GPUs")
+
+    rule = refusal(case, DEVICE)
+    if rule is not None:
+        code, text = run(args)
+        errors = [line for line in text.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1, f"{rerun}\nexpected a refusal:\n{text[-3000:]}"
+        assert all(key in errors[0] for key in rule.keys), f"{rerun}\n{errors[0]}"
+        assert_no_traceback(text, rerun)
+        assert not (out / name).exists(), f"{rerun}\na refused run wrote {out / name}"
+        return
+
+    # 1. Train until a SIGTERM right after the run's first line: saved, exit 75.
+    code, first = run(args, stop_after_announce=True)
+    assert_no_traceback(first, rerun)
+    assert "stopped (SIGTERM)" in first and (out / name / "last.pt").exists(), (
+        f"{rerun}\nno stop and save after SIGTERM (exit {code}):\n{first[-4000:]}"
+    )
+    if ranks == 1:
+        assert code == trainer.EXIT_PREEMPTED, f"{rerun}\n{first[-4000:]}"
+    if case["start"] in ("init", "init-fresh"):  # fine-tuning must load the weights
+        assert f"init_from {bases[case['task']]}" in first, f"{rerun}\ninit_from dropped:\n{first}"
+    steps = int(re.search(r"(\d+) steps/epoch", first).group(1))
+    stopped_at = int(re.search(r"stopped \(SIGTERM\) at step (\d+)", first).group(1))
+
+    # 2. Resume to the end, the way the case says.
+    resume = {
+        "fresh": ["train.resume=auto"],
+        "init": [],  # train.resume=auto is in args already
+        "init-fresh": ["train.resume=auto"],
+        "path": [f"train.resume={out / name / 'last.pt'}"],
+    }[case["start"]]
+    max_steps = stopped_at + max(steps // 2, 1)
+    max_steps += max_steps % steps == 0  # mid-epoch, whatever the epoch
+    if case["max_steps"] == "mid-epoch":
+        resume.append(f"train.max_steps={max_steps}")
+    code, second = run([*args, *resume])
+    rerun += f" {shlex.join(resume)}"
+    assert_no_traceback(second, rerun)
+    assert code == 0, f"{rerun}\nresume failed (exit {code}):\n{second[-4000:]}"
+    assert re.search(r"resumed at step [1-9]", second), f"{rerun}\nnot resumed:\n{second}"
+
+    # 3. What the run recorded is what its checkpoints hold.
+    row = recorded(out, name)
+    best_key = next(key for key in row if key.startswith("best_val_"))
+    metric = best_key.removeprefix("best_val_")
+    sharded = case["ranks"].startswith("fsdp")
+    best = evaluated(out / name / "best.pt", sharded)
+    assert_close(best[metric], float(row[best_key]), f"{rerun}\nbest.pt's {metric}")
+    last = evaluated(out / name / "last.pt", sharded)
+    for key in ("loss", metric):  # the summary's final metrics are the last model's
+        assert_close(last[key], float(row[f"val_{key}"]), f"{rerun}\nlast.pt's {key}")
+    if case["max_steps"] == "mid-epoch" and not case["early_stop"]:
+        assert int(row["steps"]) == max_steps, f"{rerun}\n{row}"
+
+    # 4. The summary's next commands work: predict and export (in the case's format).
+    commands = next_commands(second)
+    for what in ("predict", "export"):
+        script, *tool_args = commands[what]
+        if what == "export":
+            tool_args[tool_args.index("--format") + 1] = case["export"]
+        text = tool(script, tool_args)
+        if what == "predict" and "accuracy" in text and "acc" in best:
+            acc = float(re.search(r"accuracy ([\d.]+)", text).group(1))
+            if "--split" in tool_args:  # the validation split: evaluate's accuracy
+                assert_close(acc, best["acc"], f"{rerun}\npredict's accuracy")

@@ -129,3 +129,38 @@ def test_onnx_without_onnxruntime_exports_with_a_note(best, tmp_path, monkeypatc
     out = capsys.readouterr().out
     assert "parity: onnxruntime is not installed: not checked" in out
     assert len(out.splitlines()) == 1 and (tmp_path / "m.onnx").stat().st_size > 0
+
+
+def test_a_regression_artifact_answers_in_the_targets_units(tmp_path):
+    """The model learns standardised targets; the artifact must map back, as predict.py does,
+    so a serving team gets prices, not z-scores."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(160, 3, generator=g)
+    y = 1000 + 50 * x[:, 0] - 20 * x[:, 1]
+    rows = [
+        ",".join(f"{v:.4f}" for v in [*a, b]) for a, b in zip(x.tolist(), y.tolist(), strict=True)
+    ]
+    (tmp_path / "t.csv").write_text("a,b,c,price\n" + "\n".join(rows) + "\n")
+    cfg = [
+        "data.name=csv",
+        f"data.path={tmp_path / 't.csv'}",
+        "data.label=price",
+        "model.name=mlp",
+        "model.width=8",
+        "task.name=regression",
+        "train.epochs=1",
+        "train.batch_size=16",
+        "run.loggers=[csv]",
+        "run.device=cpu",
+        f"run.output_dir={tmp_path}",
+    ]
+    fit(load_config(None, cfg))
+    best, out = str(tmp_path / "default" / "best.pt"), tmp_path / "m.torchscript.pt"
+    assert run_export(best, "torchscript", out) == 0
+    trained = load_trained(best)
+    inputs = validation_inputs(trained, 8)
+    with torch.no_grad():
+        got = export.run_artifact("torchscript", out, inputs)
+        expected = trained.task.decode(trained.model(inputs)).float()
+    assert torch.allclose(got, expected, atol=1e-3)
+    assert got.mean() > 500  # in the targets' units (around 1000), not standardised (around 0)

@@ -118,7 +118,7 @@ def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4
     trained = load_trained(checkpoint)
     path = Path(out) if out else _default_path(Path(checkpoint), fmt)
     x, source = _parity_inputs(trained)
-    model = trained.model
+    model = serving_model(trained)
     with torch.no_grad():
         expected = model(x)  # before exporting: what the artifact must reproduce
     example = x[:2] if len(x) >= 2 else torch.cat([x, x])  # batch 2: not specialised to 1
@@ -141,6 +141,28 @@ def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4
     meta = _metadata(trained, fmt, path, parity)
     path.with_name(path.name + ".json").write_text(json.dumps(meta, indent=2))
     return meta
+
+
+class _InTargetUnits(nn.Module):
+    """A regression model with the task's decode inside (outputs * std + mean of the
+    training targets): the artifact answers in the targets' own units, as predict.py does."""
+
+    def __init__(self, model: nn.Module, mean: torch.Tensor, std: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", mean.float())
+        self.register_buffer("std", std.float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x) * self.std + self.mean  # (N, T) * (T,) + (T,)
+
+
+def serving_model(trained: Trained) -> nn.Module:
+    """What the artifact computes: the model, mapped back to the targets' units for
+    regression (which learns standardised targets)."""
+    if trained.cfg.task.name != "regression":
+        return trained.model
+    return _InTargetUnits(trained.model, trained.task.mean, trained.task.std).eval()
 
 
 def _default_path(checkpoint: Path, fmt: str) -> Path:

@@ -100,6 +100,41 @@ def test_bad_input_is_one_error_line_before_anything_runs(tmp_path, args, messag
     assert not any(tmp_path.iterdir())
 
 
+def experiment_file(folder: Path) -> Path:
+    """An experiment file as users write them: it extends the defaults and changes a few."""
+    path = folder / "exp.yaml"
+    default = (ROOT / "configs" / "default.yaml").as_posix()
+    path.write_text(f"extends: {default}\ntrain:\n  weight_decay: 0.0123\n  grad_clip: 0.5\n")
+    return path
+
+
+def test_a_sweep_of_an_experiment_file_gives_every_trial_the_file(tmp_path, capsys):
+    config = experiment_file(tmp_path)
+    trials = dry_run(capsys, "--name", "cfg", "--config", str(config), "train.lr=1e-3,2e-3")
+    assert [t["id"] for t in trials] == ["t00-lr1e-3", "t01-lr2e-3"]
+    smoke = ROOT / "configs" / "experiments" / "smoke.yaml"
+    assert len(dry_run(capsys, "--name", "s", "--config", str(smoke), "train.lr=1e-3,2e-3")) == 2
+
+
+@pytest.mark.slow
+def test_a_sweep_with_config_runs_and_its_best_yaml_trains_with_the_file_settings(tmp_path):
+    config = experiment_file(tmp_path)
+    args = sweep_cmd(tmp_path, "--name", "cfg", "--config", str(config), "train.lr=1e-3,2e-3")
+    proc = run_script(*args, env=env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    best = tmp_path / "cfg" / "best.yaml"
+    cfg = load_config(best)  # the whole config: the file's settings without the file
+    assert (cfg.train.weight_decay, cfg.train.grad_clip) == (0.0123, 0.5)
+    assert cfg.train.lr == float(results(tmp_path / "cfg")[0]["train.lr"])
+    again = run_script(
+        "scripts/train.py", "--config", str(best), f"run.output_dir={tmp_path}",
+        "run.name=from_best", "train.epochs=1", env=env(),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    ran = load_config(tmp_path / "from_best" / "config.yaml")
+    assert (ran.train.weight_decay, ran.train.lr) == (0.0123, cfg.train.lr)
+
+
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("seq")

@@ -97,10 +97,12 @@ class Sweep:
         if not trials:
             raise ConfigError("nothing to sweep: give a grid (key=a,b) or --trials N with ranges")
         folder = Path(load_config(args.config, fixed).run.output_dir) / args.name
-        sweep = cls(root, folder, args.config, fixed, trials)
+        # Absolute: trials, SLURM tasks (which cd to the project) and reruns find the same file.
+        config = str(Path(args.config).resolve()) if args.config else None
+        sweep = cls(root, folder, config, fixed, trials)
         for trial in trials:  # bad input stops the sweep before any trial runs
             try:
-                load_config(args.config, sweep.command(trial)[2:])
+                load_config(config, sweep.overrides(trial))
             except ConfigError as exc:
                 raise ConfigError(f"trial {trial['id']}: {exc}") from None
         if not args.dry_run:  # a dry run writes nothing
@@ -108,11 +110,13 @@ class Sweep:
         return sweep
 
     def command(self, trial: dict) -> list[str]:
-        config = ["--config", str(self.config)] if self.config else []
+        config = ["--config", self.config] if self.config else []
+        train = str(self.root / "scripts" / "train.py")
+        return [sys.executable, train, *config, *self.overrides(trial)]
+
+    def overrides(self, trial: dict) -> list[str]:
+        """The trial's key=value settings, laid over the sweep's --config file."""
         return [
-            sys.executable,
-            str(self.root / "scripts" / "train.py"),
-            *config,
             *self.fixed,
             *trial["overrides"],
             f"run.output_dir={self.dir}",
@@ -130,6 +134,7 @@ class Sweep:
             if (
                 same != [(t["id"], t["overrides"]) for t in self.trials]
                 or saved["fixed"] != self.fixed
+                or saved.get("config") != self.config
             ):
                 raise ConfigError(
                     f"sweep {self.dir.name!r} exists in {self.dir.parent} with other "

@@ -22,13 +22,11 @@ from . import sweep_report
 from .config import load_config
 from .errors import ConfigError, UserError
 from .sweep_plan import plan, slots_for, submit_array
-
-try:
-    import fcntl  # serialises manifest updates of SLURM array tasks
-except ImportError:  # pragma: no cover
-    fcntl = None
+from .utils import locks
 
 EXIT_PREEMPTED = 75
+# What going without the manifest lock risks (a filesystem without locks).
+UNLOCKED_MANIFEST = "two sweep processes (SLURM array tasks) could overwrite each other's records"
 
 
 def main(root: Path, argv: list[str] | None = None) -> int:
@@ -146,10 +144,10 @@ class Sweep:
     def _locked(self):
         """The manifest under an exclusive lock (None while there is none)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / ".sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = self.dir / ".sweep.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            locks.lock(fd, lock, UNLOCKED_MANIFEST)  # serialises SLURM array tasks' updates
             path = self.dir / "sweep.json"
             yield json.loads(path.read_text()) if path.exists() else None
         finally:

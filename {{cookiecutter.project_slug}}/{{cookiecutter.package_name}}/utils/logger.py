@@ -14,17 +14,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import locks
 from .plots import INSTALL_HINT, available, plot_curves
 from .trackers import open_trackers
 
 # curves.png is redrawn at an epoch's end once this long has passed since the last drawing
 # (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends.
 REDRAW_EVERY_S = 30.0
-
-try:
-    import fcntl  # serialises runs.csv updates of runs that end at the same time
-except ImportError:  # pragma: no cover
-    fcntl = None
 
 
 class MetricLogger:
@@ -129,8 +125,8 @@ def record_run(output_dir: Path, row: dict) -> None:
     row = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row}
     folder = os.open(output_dir, os.O_RDONLY)  # locked while the table is rewritten
     try:
-        if fcntl is not None:
-            fcntl.flock(folder, fcntl.LOCK_EX)
+        # Serialises runs.csv updates of runs that end at the same time.
+        locks.lock(folder, output_dir, "two runs ending at once could lose a row of runs.csv")
         rows = [r for r in _read_csv(path) if r.get("run") != str(row["run"])]
         rows.append(_formatted(row))
         header = list(dict.fromkeys(key for r in rows for key in r))

@@ -205,6 +205,44 @@ def test_a_killed_sweep_resumes_the_interrupted_trial_and_leaves_finished_ones(t
     assert {t["state"] for t in manifest["trials"]} == {"done"}
 
 
+def wait_for(paths: list[Path], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(p.exists() for p in paths), [str(p) for p in paths if not p.exists()]
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_sweep_makes_its_running_trials_save_and_a_rerun_resumes_them(tmp_path):
+    args = sweep_cmd(tmp_path, "--name", "c", "--parallel", "2", "train.lr=1e-3,2e-3,3e-3")
+    args += ["data.train_size=4096", "train.epochs=2"]
+    # Its own process group, as a terminal's foreground job: Ctrl-C signals the whole group.
+    job = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started = [tmp_path / "c" / t for t in ("t00-lr1e-3", "t01-lr2e-3")]
+    wait_for([run / "config.yaml" for run in started])  # both are training
+    os.killpg(job.pid, signal.SIGINT)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 75, err
+    assert "sweep stopped (SIGINT)" in out
+    trials = json.loads((tmp_path / "c" / "sweep.json").read_text())["trials"]
+    assert [(t["state"], t["exit_code"]) for t in trials] == [("pending", 75)] * 2 + [
+        ("pending", None)
+    ]  # saved and stopped (75), not killed (130); the third never started
+    for run in started:  # the sweep passed the stop on as SIGTERM: the trial saved
+        log = (tmp_path / "c" / "logs" / f"{run.name}.out").read_text()
+        assert (run / "last.pt").exists() and "stopped (SIGTERM) at step" in log
+
+    again = run_script(*args, env=env(), timeout=600)
+    assert again.returncode == 0, again.stderr
+    for run in started:
+        assert "resumed at step" in (tmp_path / "c" / "logs" / f"{run.name}.out").read_text()
+    manifest = json.loads((tmp_path / "c" / "sweep.json").read_text())
+    assert {t["state"] for t in manifest["trials"]} == {"done"}
+
+
 @pytest.mark.slow
 def test_a_failing_trial_is_recorded_and_the_others_complete(tmp_path):
     # batch 1000 > 256 samples passes the config checks but fails when the run starts.

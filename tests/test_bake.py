@@ -73,6 +73,7 @@ EXPECTED = {
     "PKG/sweep_report.py",
     "PKG/compare.py",
     "PKG/utils/signals.py",
+    "PKG/utils/locks.py",
     "PKG/data/__init__.py",
     "PKG/data/sampler.py",
     "PKG/data/synthetic.py",
@@ -126,6 +127,7 @@ EXPECTED = {
     "tests/pairwise.py",
     "tests/test_combinations.py",
     "tests/test_trackers.py",
+    "tests/test_locks.py",
 }
 
 # What docker=yes adds (tests/test_docker.py checks their content).

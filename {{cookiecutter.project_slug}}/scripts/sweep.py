@@ -9,7 +9,8 @@ r"""Hyperparameter sweeps: each trial a named run of scripts/train.py, resumable
 
 Trials run under <run.output_dir>/<name>/; sweep.json holds their state. The same command
 again skips done trials and resumes the others. Exit codes: 0 done, 1 a trial failed, 2 bad
-input, 75 stopped (run again to continue).
+input, 75 stopped: Ctrl-C or SIGTERM makes each running trial save and stop (run again to
+continue; a second Ctrl-C stops them without saving).
 """
 
 from pathlib import Path

@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
+from {{ cookiecutter.package_name }}.utils.signals import StopSignal
 
 
 def out_dir(tiny, name="default") -> Path:
@@ -30,10 +31,16 @@ def same_weights(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2])
-def test_sigterm_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_one(tiny, workers):
-    """With loader workers the signal goes to the whole process group, as torchrun and SLURM
-    send it: the workers must outlive it so that the training process can save."""
+@pytest.mark.parametrize(
+    ("sig", "workers"),
+    [(signal.SIGTERM, 0), (signal.SIGTERM, 2), (signal.SIGINT, 2)],  # SIGINT: Ctrl-C
+)
+def test_a_stop_signal_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_one(
+    tiny, sig, workers
+):
+    """With loader workers the signal goes to the whole process group, as torchrun, SLURM and
+    a terminal's Ctrl-C send it: the workers must outlive it so that the training process can
+    save."""
     exact = [
         *tiny,
         "run.deterministic=true",
@@ -60,10 +67,10 @@ def test_sigterm_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_on
     deadline = time.monotonic() + 60
     while not list(out_dir(tiny, "preempted").glob("step-*.pt")) and time.monotonic() < deadline:
         time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, sig)
     rest = proc.stdout.read()
     assert proc.wait(timeout=60) == EXIT_PREEMPTED, rest
-    assert "stopped (SIGTERM)" in rest and "DataLoader worker" not in rest
+    assert f"stopped ({sig.name})" in rest and "DataLoader worker" not in rest
     saved = checkpoint.load(out_dir(tiny, "preempted") / "last.pt")
     total = expected["progress"]["step"]
     assert 0 < saved["progress"]["step"] < total, "the signal should land mid-run"
@@ -73,6 +80,20 @@ def test_sigterm_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrupted_on
     final = checkpoint.load(out_dir(tiny, "preempted") / "last.pt")
     assert final["progress"]["step"] == total
     assert same_weights(final["model"], expected["model"])
+
+
+def test_a_second_ctrl_c_quits_without_waiting_for_the_save():
+    stop = StopSignal()
+    stop.install()
+    try:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.reason == "SIGINT"  # the first one asks for a save and a stop
+        signal.raise_signal(signal.SIGTERM)  # a scheduler's signal besides is only noted
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 _SAVER = """

@@ -100,6 +100,41 @@ def test_bad_input_is_one_error_line_before_anything_runs(tmp_path, args, messag
     assert not any(tmp_path.iterdir())
 
 
+def experiment_file(folder: Path) -> Path:
+    """An experiment file as users write them: it extends the defaults and changes a few."""
+    path = folder / "exp.yaml"
+    default = (ROOT / "configs" / "default.yaml").as_posix()
+    path.write_text(f"extends: {default}\ntrain:\n  weight_decay: 0.0123\n  grad_clip: 0.5\n")
+    return path
+
+
+def test_a_sweep_of_an_experiment_file_gives_every_trial_the_file(tmp_path, capsys):
+    config = experiment_file(tmp_path)
+    trials = dry_run(capsys, "--name", "cfg", "--config", str(config), "train.lr=1e-3,2e-3")
+    assert [t["id"] for t in trials] == ["t00-lr1e-3", "t01-lr2e-3"]
+    smoke = ROOT / "configs" / "experiments" / "smoke.yaml"
+    assert len(dry_run(capsys, "--name", "s", "--config", str(smoke), "train.lr=1e-3,2e-3")) == 2
+
+
+@pytest.mark.slow
+def test_a_sweep_with_config_runs_and_its_best_yaml_trains_with_the_file_settings(tmp_path):
+    config = experiment_file(tmp_path)
+    args = sweep_cmd(tmp_path, "--name", "cfg", "--config", str(config), "train.lr=1e-3,2e-3")
+    proc = run_script(*args, env=env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    best = tmp_path / "cfg" / "best.yaml"
+    cfg = load_config(best)  # the whole config: the file's settings without the file
+    assert (cfg.train.weight_decay, cfg.train.grad_clip) == (0.0123, 0.5)
+    assert cfg.train.lr == float(results(tmp_path / "cfg")[0]["train.lr"])
+    again = run_script(
+        "scripts/train.py", "--config", str(best), f"run.output_dir={tmp_path}",
+        "run.name=from_best", "train.epochs=1", env=env(),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    ran = load_config(tmp_path / "from_best" / "config.yaml")
+    assert (ran.train.weight_decay, ran.train.lr) == (0.0123, cfg.train.lr)
+
+
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("seq")
@@ -167,6 +202,44 @@ def test_a_killed_sweep_resumes_the_interrupted_trial_and_leaves_finished_ones(t
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in first.rglob("*") if p.is_file()}
     assert after == before
     manifest = json.loads((tmp_path / "k" / "sweep.json").read_text())
+    assert {t["state"] for t in manifest["trials"]} == {"done"}
+
+
+def wait_for(paths: list[Path], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(p.exists() for p in paths), [str(p) for p in paths if not p.exists()]
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_sweep_makes_its_running_trials_save_and_a_rerun_resumes_them(tmp_path):
+    args = sweep_cmd(tmp_path, "--name", "c", "--parallel", "2", "train.lr=1e-3,2e-3,3e-3")
+    args += ["data.train_size=4096", "train.epochs=2"]
+    # Its own process group, as a terminal's foreground job: Ctrl-C signals the whole group.
+    job = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started = [tmp_path / "c" / t for t in ("t00-lr1e-3", "t01-lr2e-3")]
+    wait_for([run / "config.yaml" for run in started])  # both are training
+    os.killpg(job.pid, signal.SIGINT)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 75, err
+    assert "sweep stopped (SIGINT)" in out
+    trials = json.loads((tmp_path / "c" / "sweep.json").read_text())["trials"]
+    assert [(t["state"], t["exit_code"]) for t in trials] == [("pending", 75)] * 2 + [
+        ("pending", None)
+    ]  # saved and stopped (75), not killed (130); the third never started
+    for run in started:  # the sweep passed the stop on as SIGTERM: the trial saved
+        log = (tmp_path / "c" / "logs" / f"{run.name}.out").read_text()
+        assert (run / "last.pt").exists() and "stopped (SIGTERM) at step" in log
+
+    again = run_script(*args, env=env(), timeout=600)
+    assert again.returncode == 0, again.stderr
+    for run in started:
+        assert "resumed at step" in (tmp_path / "c" / "logs" / f"{run.name}.out").read_text()
+    manifest = json.loads((tmp_path / "c" / "sweep.json").read_text())
     assert {t["state"] for t in manifest["trials"]} == {"done"}
 
 

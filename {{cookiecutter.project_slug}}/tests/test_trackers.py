@@ -3,6 +3,8 @@ MLflow's local store) recording a run that a resume continues under the same run
 
 from __future__ import annotations
 
+import json
+import struct
 import sys
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import fit
 
 
@@ -118,3 +121,86 @@ def test_mlflow_starts_a_new_run_where_the_store_lacks_the_saved_one(
     fit(load_config(None, [*first, "train.max_steps=4", "train.resume=auto"]))
     assert checkpoint.load(run / "last.pt")["trackers"]["mlflow"] != saved
     assert f"note: MLflow run {saved} is not in " in capsys.readouterr().out
+
+
+def crash_then_resume(tiny, logger: str, monkeypatch) -> tuple[Path, str, int]:
+    """Epoch 1; epoch 2 dies after logging its steps, before its checkpoint (as kill -9
+    would); a resume replays epoch 2. Returns the run folder, the tracker run the resume
+    logged to and the step resumed from."""
+    first = [*tiny, f"run.loggers=csv,{logger}", "train.epochs=1"]
+    fit(load_config(None, first))
+    run = run_folder(first)
+    resumed_from = checkpoint.load(run / "last.pt")["progress"]["step"]
+    second = [*first, "train.epochs=2", "train.resume=auto"]
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash before the checkpoint")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunFolder, "save", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            fit(load_config(None, second))
+    fit(load_config(None, second))
+    return run, checkpoint.load(run / "last.pt")["trackers"][logger], resumed_from
+
+
+def replayed_steps_once(steps: list[int], resumed_from: int) -> bool:
+    """The steps after `resumed_from` are the resume's: each once (4 steps/log, 16/epoch)."""
+    return [s for s in steps if s > resumed_from] == [20, 24, 28, 32] and resumed_from == 16
+
+
+def wandb_records(path: Path):
+    """The records of an offline .wandb file (a 7-byte header, then LevelDB-log blocks of
+    32 KiB: each chunk a 7-byte header of crc, length and kind; kinds 1 and 4 end a record)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, record = path.read_bytes(), 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        record, pos = record + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            parsed = wandb_internal_pb2.Record()
+            parsed.ParseFromString(record)
+            record = b""
+            yield parsed
+
+
+def wandb_steps(run: Path, run_id: str, key: str) -> list[int]:
+    """The steps at which `key` was logged to wandb run `run_id`, over all its attempts."""
+    steps = []
+    for path in sorted((run / "wandb").glob(f"offline-run-*/run-{run_id}.wandb")):
+        for record in wandb_records(path):
+            if record.WhichOneof("record_type") == "history":
+                items = record.history.item
+                row = {item.key or "/".join(item.nested_key): item.value_json for item in items}
+                if key in row:
+                    steps.append(json.loads(row["_step"]))
+    return steps
+
+
+def test_wandb_resume_after_steps_logged_past_the_checkpoint_logs_them_once(
+    tiny, monkeypatch, capsys
+):
+    pytest.importorskip("wandb", reason="wandb is optional: pip install wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run, resumed, step = crash_then_resume(tiny, "wandb", monkeypatch)
+    steps = wandb_steps(run, resumed, "train/loss")
+    assert replayed_steps_once(steps, step), steps  # none dropped, no abandoned one kept
+    assert "logging the resume to new tracker runs" in capsys.readouterr().out
+
+
+def test_mlflow_resume_after_steps_logged_past_the_checkpoint_logs_them_once(
+    tiny, monkeypatch, capsys
+):
+    pytest.importorskip("mlflow", reason="mlflow is optional: pip install mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run, resumed, step = crash_then_resume(tiny, "mlflow", monkeypatch)
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    steps = sorted(m.step for m in client.get_metric_history(resumed, "train/loss"))
+    assert replayed_steps_once(steps, step), steps

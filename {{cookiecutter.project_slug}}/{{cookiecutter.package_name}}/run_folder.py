@@ -17,11 +17,10 @@ from pathlib import Path
 
 from . import checkpoint
 from .errors import CheckpointError, ConfigError
+from .utils import locks
 
-try:
-    import fcntl  # advisory locks (Linux, macOS); elsewhere runs go without the folder lock
-except ImportError:  # pragma: no cover
-    fcntl = None
+# What going without the folder lock risks (a filesystem without locks).
+UNLOCKED_RUN = "two processes training the same run would not be stopped"
 
 
 class RunFolder:
@@ -121,19 +120,23 @@ class RunFolder:
         """Hold the run folder for this process: a second one (a duplicate job, a resume while
         the run still trains) gets one line instead of a race over the same files. The OS
         releases the lock when the process ends, by kill -9 too: no stale lock is left."""
-        if self._lock_fd is not None or fcntl is None:
+        if self._lock_fd is not None:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.run_dir / ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+            locks.lock(fd, path, UNLOCKED_RUN, wait=False)
+        except BlockingIOError:  # only this means held; no locks at all is warned about
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise ConfigError(
                 f"run folder {str(self.run_dir)!r} is in use ({holder}); wait for that run to "
                 "end or stop it, or choose another run.name"
             ) from None
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"held by pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         self._lock_fd = fd

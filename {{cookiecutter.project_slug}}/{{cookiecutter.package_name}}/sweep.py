@@ -22,13 +22,11 @@ from . import sweep_report
 from .config import load_config
 from .errors import ConfigError, UserError
 from .sweep_plan import plan, slots_for, submit_array
-
-try:
-    import fcntl  # serialises manifest updates of SLURM array tasks
-except ImportError:  # pragma: no cover
-    fcntl = None
+from .utils import locks, signals
 
 EXIT_PREEMPTED = 75
+# What going without the manifest lock risks (a filesystem without locks).
+UNLOCKED_MANIFEST = "two sweep processes (SLURM array tasks) could overwrite each other's records"
 
 
 def main(root: Path, argv: list[str] | None = None) -> int:
@@ -85,7 +83,9 @@ class Sweep:
     def __init__(self, root: Path, folder: Path, config, fixed: list[str], trials: list[dict]):
         self.root, self.dir, self.config, self.fixed = root, folder, config, fixed
         self.trials = trials
-        self.stopping = False
+        self.signals: list[int] = []  # the stop signals received, in order
+        self._sent: dict[int, set] = {}  # pid -> the signals passed on to that trial
+        self._started: list[str] = []  # the trials this process started
 
     @classmethod
     def create(cls, root: Path, args) -> Sweep:
@@ -97,10 +97,12 @@ class Sweep:
         if not trials:
             raise ConfigError("nothing to sweep: give a grid (key=a,b) or --trials N with ranges")
         folder = Path(load_config(args.config, fixed).run.output_dir) / args.name
-        sweep = cls(root, folder, args.config, fixed, trials)
+        # Absolute: trials, SLURM tasks (which cd to the project) and reruns find the same file.
+        config = str(Path(args.config).resolve()) if args.config else None
+        sweep = cls(root, folder, config, fixed, trials)
         for trial in trials:  # bad input stops the sweep before any trial runs
             try:
-                load_config(args.config, sweep.command(trial)[2:])
+                load_config(config, sweep.overrides(trial))
             except ConfigError as exc:
                 raise ConfigError(f"trial {trial['id']}: {exc}") from None
         if not args.dry_run:  # a dry run writes nothing
@@ -108,11 +110,13 @@ class Sweep:
         return sweep
 
     def command(self, trial: dict) -> list[str]:
-        config = ["--config", str(self.config)] if self.config else []
+        config = ["--config", self.config] if self.config else []
+        train = str(self.root / "scripts" / "train.py")
+        return [sys.executable, train, *config, *self.overrides(trial)]
+
+    def overrides(self, trial: dict) -> list[str]:
+        """The trial's key=value settings, laid over the sweep's --config file."""
         return [
-            sys.executable,
-            str(self.root / "scripts" / "train.py"),
-            *config,
             *self.fixed,
             *trial["overrides"],
             f"run.output_dir={self.dir}",
@@ -130,6 +134,7 @@ class Sweep:
             if (
                 same != [(t["id"], t["overrides"]) for t in self.trials]
                 or saved["fixed"] != self.fixed
+                or saved.get("config") != self.config
             ):
                 raise ConfigError(
                     f"sweep {self.dir.name!r} exists in {self.dir.parent} with other "
@@ -141,10 +146,10 @@ class Sweep:
     def _locked(self):
         """The manifest under an exclusive lock (None while there is none)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / ".sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = self.dir / ".sweep.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            locks.lock(fd, lock, UNLOCKED_MANIFEST)  # serialises SLURM array tasks' updates
             path = self.dir / "sweep.json"
             yield json.loads(path.read_text()) if path.exists() else None
         finally:
@@ -177,8 +182,8 @@ class Sweep:
             f"{len(slots)} at a time"
         )
         self._run_all(todo, slots)
-        if self.stopping or any(t["state"] == "pending" for t in todo):
-            print(f"sweep stopped; run the same command again to continue ({self.dir})")
+        if self.signals or any(t["state"] == "pending" for t in todo):
+            self._say_stopped(todo)
             return EXIT_PREEMPTED
         if args.run_index is not None:
             return todo[0]["exit_code"] or 0 if todo else 0
@@ -191,13 +196,14 @@ class Sweep:
     def _run_all(self, todo: list[dict], slots: list[dict]) -> None:
         """Start trials in free slots until all ran or a signal asks to stop."""
         running: dict[int, tuple] = {}
-        previous = {s: signal.signal(s, self._stop(running)) for s in _STOP_SIGNALS}
+        previous = signals.catch(_STOP_SIGNALS, lambda signum, frame: self.signals.append(signum))
         queue = list(todo)
         try:
-            while (queue and not self.stopping) or running:
+            while (queue and not self.signals) or running:
                 for slot in range(len(slots)):
-                    if slot not in running and queue and not self.stopping:
+                    if slot not in running and queue and not self.signals:
                         running[slot] = self._start(queue.pop(0), slots[slot])
+                self._pass_on(running)
                 for slot, (trial, proc, err, began) in list(running.items()):
                     if proc.poll() is not None:
                         del running[slot]
@@ -205,17 +211,40 @@ class Sweep:
                         self._finish(trial, proc.returncode, time.monotonic() - began)
                 time.sleep(0.05)
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            signals.restore(previous)
 
-    def _stop(self, running: dict):
-        def handler(signum, frame):
-            self.stopping = True  # trials save and exit 75; no new trial starts
-            for _, proc, _, _ in running.values():
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
+    def _pass_on(self, running: dict) -> None:
+        """Trials run in their own sessions (a terminal's Ctrl-C reaches only the sweep): once
+        asked to stop, each running trial gets SIGTERM (it saves and exits 75) and no new one
+        starts; a later Ctrl-C gets them SIGINT (they quit without saving)."""
+        if not self.signals:
+            return
+        wanted = [signal.SIGTERM] + [signal.SIGINT] * (signal.SIGINT in self.signals[1:])
+        if not self._sent:  # said once, before the first trial is signalled
+            name = signal.Signals(self.signals[0]).name
+            print(f"stopping ({name}): running trials save and stop (Ctrl-C again: unsaved)")
+        for trial, proc, _, _ in running.values():
+            for sig in wanted:
+                if sig not in self._sent.setdefault(proc.pid, set()):
+                    self._sent[proc.pid].add(sig)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+                    verb = "save and stop" if sig == signal.SIGTERM else "quit without saving"
+                    print(f"{trial['id']}: asked to {verb}")
 
-        return handler
+    def _trial(self, trial_id: str) -> dict:
+        return next(t for t in self.trials if t["id"] == trial_id)
+
+    def _say_stopped(self, todo: list[dict]) -> None:
+        cause = f" ({signal.Signals(self.signals[0]).name})" if self.signals else ""
+        saved = [i for i in self._started if self._trial(i)["exit_code"] == EXIT_PREEMPTED]
+        waiting = [t["id"] for t in todo if t["id"] not in self._started]
+        print(
+            f"sweep stopped{cause}: {len(saved)} trial(s) saved and stopped"
+            + (f" ({', '.join(saved)})" if saved else "")
+            + f", {len(waiting)} not started; run the same command again to continue "
+            f"({self.dir})"
+        )
 
     def _start(self, trial: dict, slot: dict) -> tuple:
         logs = self.dir / "logs"
@@ -224,8 +253,16 @@ class Sweep:
         err = (logs / f"{trial['id']}.err").open("w+")
         extra = [f"run.threads={slot['threads']}"] if slot.get("threads") else []
         env = {**os.environ, **slot.get("env", {}), "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(self.command(trial) + extra, stdout=out, stderr=err, env=env)
+        proc = subprocess.Popen(
+            self.command(trial) + extra,
+            stdout=out,
+            stderr=err,
+            env=env,
+            start_new_session=True,  # see _pass_on
+            preexec_fn=signals.stop_with_parent(),
+        )
         out.close()
+        self._started.append(trial["id"])
         self.update(trial, state="running", exit_code=None, error=None)
         print(
             f"{trial['id']}: started ({', '.join(trial['overrides']) or 'fixed settings'}) "
@@ -239,14 +276,16 @@ class Sweep:
             print(f"{trial['id']}: done in {seconds:.1f}s")
         elif code in (EXIT_PREEMPTED, 130) or code < 0:  # stopped or killed: resume next time
             self.update(trial, state="pending", exit_code=code, error="interrupted")
-            print(f"{trial['id']}: interrupted (exit {code}); it resumes when the sweep reruns")
+            how = "saved and stopped" if code == EXIT_PREEMPTED else "interrupted"
+            print(f"{trial['id']}: {how} (exit {code}); it resumes when the sweep reruns")
         else:
             line = _last_line(self.dir / "logs" / f"{trial['id']}.err")
             self.update(trial, state="failed", exit_code=code, error=line)
             print(f"{trial['id']}: failed (exit {code}): {line}")
 
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", signal.SIGTERM))
+# SIGHUP: a closed terminal stops the trials (in their own sessions, they would not hear it).
+_STOP_SIGNALS = (*signals.SIGNALS, *(s for s in signals.KEEP_IGNORED if s not in signals.SIGNALS))
 
 
 def _last_line(path: Path) -> str:

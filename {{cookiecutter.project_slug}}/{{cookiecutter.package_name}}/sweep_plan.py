@@ -127,7 +127,7 @@ def slots_for(parallel: int, gpus: str | None) -> list[dict]:
 
 def submit_array(sweep, args) -> int:
     """Write <sweep dir>/sweep_array.sh, one array task per trial, and sbatch it."""
-    same = ["--name", args.name, *(["--config", args.config] if args.config else [])]
+    same = ["--name", args.name, *(["--config", sweep.config] if sweep.config else [])]
     for flag in ("trials", "seed", "seeds", "kfold"):
         same += [f"--{flag}", str(getattr(args, flag))]
     same += args.overrides

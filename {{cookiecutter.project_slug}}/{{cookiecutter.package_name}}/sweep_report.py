@@ -1,6 +1,6 @@
 """A sweep's results: each trial's best validation metric (from <sweep dir>/runs.csv, else its
 last checkpoint), mean ± std over the seeds/folds of a config, a markdown table ranked by it,
-results.csv, best.yaml (the best config, usable with --config) and metric_vs_<key>.png."""
+results.csv, best.yaml (the best trial's whole config, for --config) and metric_vs_<key>.png."""
 
 from __future__ import annotations
 
@@ -108,7 +108,11 @@ def _write_best(sweep_dir: Path, best: dict) -> None:
         for name in names:
             config.get(section, {}).pop(name, None)
     tmp = sweep_dir / ".best.yaml.tmp"
-    header = f"# Best config of sweep {sweep_dir.name}: {best['group']} ({_pm(best)})\n"
+    header = (
+        f"# Best config of sweep {sweep_dir.name}: {best['group']} ({_pm(best)}).\n"
+        "# The whole config (the sweep's --config file and settings included), so it trains\n"
+        "# the same after that file changes: python scripts/train.py --config best.yaml\n"
+    )
     tmp.write_text(header + yaml.safe_dump(config, sort_keys=False))
     tmp.replace(sweep_dir / "best.yaml")
 

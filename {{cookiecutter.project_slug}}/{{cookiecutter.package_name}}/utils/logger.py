@@ -14,17 +14,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import locks
 from .plots import INSTALL_HINT, available, plot_curves
 from .trackers import open_trackers
 
 # curves.png is redrawn at an epoch's end once this long has passed since the last drawing
 # (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends.
 REDRAW_EVERY_S = 30.0
-
-try:
-    import fcntl  # serialises runs.csv updates of runs that end at the same time
-except ImportError:  # pragma: no cover
-    fcntl = None
+# The last step given to the trackers, beside the checkpoints: a resume from an earlier step
+# finds out that they hold steps it will log again.
+TRACKED_STEP = ".tracked_step"
 
 
 class MetricLogger:
@@ -61,7 +60,9 @@ class MetricLogger:
             self.curves = available()
             if not self.curves:
                 print(f"note: no curves.png without matplotlib; to draw it: {INSTALL_HINT}")
-            self.trackers = open_trackers(loggers, run_dir, config or {}, tracker_ids or {})
+            self.trackers = open_trackers(
+                loggers, run_dir, config or {}, *_rewound(run_dir, tracker_ids or {}, start_step)
+            )
 
     @property
     def enabled(self) -> bool:
@@ -69,6 +70,8 @@ class MetricLogger:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Step-level curves (loss, lr, grad norm) for TensorBoard and the trackers."""
+        if self.trackers:  # noted first: a crash right after the log still counts it
+            _write_text(self.run_dir / TRACKED_STEP, str(step))
         for tracker in self.trackers:
             tracker.log(values, step)
         if not self.tensorboard:
@@ -122,6 +125,24 @@ class MetricLogger:
                 print(f"warning: {tracker.name} did not close cleanly: {exc}")
 
 
+def _rewound(run_dir: Path, ids: dict, step: int) -> tuple[dict, dict | None]:
+    """The tracker runs to continue, and what a new one branches from. The trackers cannot
+    drop what was logged after the checkpoint resumed from (wandb would instead drop the
+    replayed steps; MLflow would keep two values per step), so a resume after such steps logs
+    to new tracker runs (same name), each noting the run and step it continues."""
+    try:
+        logged = int((run_dir / TRACKED_STEP).read_text())
+    except (FileNotFoundError, ValueError):
+        logged = step
+    if not ids or logged <= step:
+        return ids, None
+    print(
+        f"note: the tracker runs {ids} hold steps up to {logged}, past the checkpoint's "
+        f"{step}; logging the resume to new tracker runs (same name), so each step is once"
+    )
+    return {}, {"runs": ids, "step": step}
+
+
 def record_run(output_dir: Path, row: dict) -> None:
     """The run's line in <output_dir>/runs.csv, the table of experiments: one row
     per run, replaced when the run is extended, under one header (the union of all rows')."""
@@ -129,8 +150,8 @@ def record_run(output_dir: Path, row: dict) -> None:
     row = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row}
     folder = os.open(output_dir, os.O_RDONLY)  # locked while the table is rewritten
     try:
-        if fcntl is not None:
-            fcntl.flock(folder, fcntl.LOCK_EX)
+        # Serialises runs.csv updates of runs that end at the same time.
+        locks.lock(folder, output_dir, "two runs ending at once could lose a row of runs.csv")
         rows = [r for r in _read_csv(path) if r.get("run") != str(row["run"])]
         rows.append(_formatted(row))
         header = list(dict.fromkeys(key for r in rows for key in r))
@@ -202,6 +223,12 @@ def _write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _formatted(row: dict) -> dict:

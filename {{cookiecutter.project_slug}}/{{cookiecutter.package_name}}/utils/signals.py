@@ -1,12 +1,40 @@
-"""Preemption signals: SIGTERM / SIGUSR1 (what SLURM and cloud schedulers send before they
-stop a job) set a flag instead of killing the process, so the loop can save first."""
+"""Stop signals: SIGTERM / SIGUSR1 (what SLURM and cloud schedulers send before they stop a
+job) and a first Ctrl-C (SIGINT) set a flag instead of killing the process, so the loop can
+save first. A second Ctrl-C quits at once (KeyboardInterrupt, exit 130) without that save;
+checkpoints are written atomically, so the last one saved stays whole."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import signal
 
-SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
+def _named(*names: str) -> tuple:
+    return tuple(getattr(signal, name) for name in names if hasattr(signal, name))
+
+
+SIGNALS = _named("SIGTERM", "SIGUSR1", "SIGINT")
+# Ignored by the shell that started us (a background job `cmd &`, nohup): they stay ignored.
+KEEP_IGNORED = _named("SIGINT", "SIGHUP")
+
+
+def catch(signals, handler) -> dict:
+    """Install `handler` for `signals` (but keep KEEP_IGNORED ones that are ignored); returns
+    the previous handlers, for restore()."""
+    previous = {}
+    for sig in signals:
+        if sig in KEEP_IGNORED and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
+        previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def restore(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    previous.clear()
 
 
 class StopSignal:
@@ -19,16 +47,36 @@ class StopSignal:
         return self.reason is not None
 
     def install(self) -> None:
-        for sig in SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous = catch(SIGNALS, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt  # Ctrl-C again: the user would rather not wait for the save
         self.reason = signal.Signals(signum).name
+        if signum == signal.SIGINT and os.environ.get("RANK", "0") == "0":
+            # os.write, not print: a handler can run in the middle of another print.
+            os.write(2, b"\nstopping after this step to save (Ctrl-C again: quit unsaved)\n")
 
     def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
+        restore(self._previous)
+
+
+def stop_with_parent():
+    """A Popen preexec_fn (Linux; None elsewhere) for a child in its own session, which its
+    parent's signals do not reach: if the parent dies without passing a stop on (kill -9),
+    the child gets SIGTERM, so it saves and stops rather than run on unattended."""
+    parent = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+    def stop_with_parent() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before that
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return stop_with_parent
 
 
 @contextlib.contextmanager
@@ -49,10 +97,11 @@ def deferred_in_children():
 
 
 def ignore_stop_signals() -> None:
-    """For DataLoader workers. torchrun (os.killpg) and SLURM (scancel) signal every process of
-    a job, workers included; a worker that dies of SIGTERM makes the training process raise
-    mid-step, before it can save. Ignoring the signals lets the training process stop at its
-    own pace; the workers still end through the loader's shutdown."""
+    """For DataLoader workers. torchrun (os.killpg), SLURM (scancel) and a terminal's Ctrl-C
+    signal every process of a job, workers included; a worker that dies of SIGTERM (or leaves
+    on SIGINT) makes the training process raise mid-step, before it can save. Ignoring the
+    signals lets the training process stop at its own pace; the workers still end through
+    the loader's shutdown."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # blocked since the fork (deferred_in_children)

@@ -10,7 +10,9 @@ run folder, so nothing leaves the machine unless asked:
   MLFLOW_TRACKING_URI you set (a server, sqlite:///mlflow.db) is used instead.
 
 Each tracker's run id is saved in every checkpoint (`trackers` in the state), so a resumed
-run keeps logging into the same tracker run. Only rank 0 opens trackers (see logger.py).
+run keeps logging into the same tracker run; after a crash that left steps logged past the
+checkpoint, a resume logs to a new tracker run instead (logger.py's _rewound). Only rank 0
+opens trackers (see logger.py).
 """
 
 from __future__ import annotations
@@ -40,14 +42,16 @@ def check_installed(loggers) -> None:
             )
 
 
-def open_trackers(loggers, run_dir: Path, config: dict, ids: dict) -> list:
-    """The trackers of `loggers`, each resuming its run in `ids` (name -> run id) if any."""
+def open_trackers(loggers, run_dir: Path, config: dict, ids: dict, branch=None) -> list:
+    """The trackers of `loggers`, each resuming its run in `ids` (name -> run id) if any;
+    `branch` ({"runs": ids, "step": step}): new runs continue those runs from that step."""
     kinds = {"wandb": WandbTracker, "mlflow": MlflowTracker}
     opened = []
     try:
         for name in loggers:
             if name in kinds:
-                opened.append(kinds[name](run_dir, config, ids.get(name)))
+                parent = (branch["runs"].get(name), branch["step"]) if branch else None
+                opened.append(kinds[name](run_dir, config, ids.get(name), parent))
     except BaseException:
         for tracker in opened:  # one that fails to open leaves none of the others running
             tracker.close()
@@ -58,12 +62,17 @@ def open_trackers(loggers, run_dir: Path, config: dict, ids: dict) -> list:
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, run_dir: Path, config: dict, run_id: str | None):
+    def __init__(self, run_dir: Path, config: dict, run_id: str | None, parent=None):
         import wandb
 
+        # A new run after a crash (parent: the run and step it continues) is linked by name,
+        # group and notes. wandb's fork_from / resume_from would copy or rewind the history,
+        # but both are preview features that a server may refuse at upload.
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", PROJECT),
             name=run_dir.name,
+            group=run_dir.name,
+            notes=_continues("wandb", parent),
             id=run_id,
             resume="allow" if run_id else None,
             dir=str(run_dir),
@@ -85,7 +94,7 @@ class WandbTracker:
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, run_dir: Path, config: dict, run_id: str | None):
+    def __init__(self, run_dir: Path, config: dict, run_id: str | None, parent=None):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -99,7 +108,8 @@ class MlflowTracker:
             self.client = MlflowClient(tracking_uri=uri)
             run = self._resume(run_id, uri) if run_id else None
             if run is None:
-                run = self.client.create_run(self._experiment(), run_name=run_dir.name)
+                note = {"mlflow.note.content": _continues("MLflow", parent)} if parent else {}
+                run = self.client.create_run(self._experiment(), run_name=run_dir.name, tags=note)
         self.id = run.info.run_id
         # MLflow refuses to change a logged param: a resume adds only new keys; the settings
         # in force are in config.yaml, and the changes are printed at resume.
@@ -135,6 +145,15 @@ class MlflowTracker:
 
     def close(self) -> None:
         self.client.set_terminated(self.id)
+
+
+def _continues(tracker: str, parent) -> str | None:
+    if parent is None:
+        return None
+    return (
+        f"Continues {tracker} run {parent[0]} from step {parent[1]}; its steps after that were "
+        "logged before a crash and replaced by this run's."
+    )
 
 
 def _installed(name: str) -> bool:

@@ -1,0 +1,68 @@
+"""File locks on filesystems without them (NFS or Lustre mounted without locks): runs and sweeps
+go on with one warning; only a lock another process holds means "in use"."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from {{ cookiecutter.package_name }} import sweep
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.run_folder import RunFolder
+from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.utils import locks
+
+NO_LOCKS = "does not support file locks"
+
+
+def flock_failing_with(monkeypatch, error: OSError) -> None:
+    def flock(fd, operation):
+        raise error
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(locks, "_warned", set())  # each test sees its first warning
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_run_trains_on_a_filesystem_without_locks_with_one_warning(
+    tiny, monkeypatch, capsys, code
+):
+    flock_failing_with(monkeypatch, OSError(code, "no locks here"))
+    overrides = [*tiny, "train.epochs=1"]
+    fit(load_config(None, overrides))
+    out = capsys.readouterr().out
+    run = Path(load_config(None, overrides).run.output_dir)
+    assert (run / "default" / "last.pt").exists() and (run / "runs.csv").exists()
+    warnings = [line for line in out.splitlines() if NO_LOCKS in line]
+    assert warnings and all(line.startswith("warning: ") for line in warnings)
+    assert "two processes training the same run would not be stopped" in warnings[0]
+    assert len({line for line in warnings}) == len(warnings)  # each place warns once
+
+
+def test_a_sweep_manifest_is_written_on_a_filesystem_without_locks(tmp_path, monkeypatch, capsys):
+    flock_failing_with(monkeypatch, OSError(errno.ENOLCK, "No locks available"))
+    args = sweep._parser().parse_args(
+        ["--name", "nl", "train.lr=1e-3,3e-3", "run.device=cpu", f"run.output_dir={tmp_path}"]
+    )
+    made = sweep.Sweep.create(ROOT, args)
+    made.update(made.trials[0], state="done", exit_code=0)
+    again = sweep.Sweep.create(ROOT, args)  # a rerun reads the recorded state
+    assert [t["state"] for t in again.trials] == ["done", "pending"]
+    assert NO_LOCKS in capsys.readouterr().out
+
+
+def test_a_lock_held_elsewhere_still_means_in_use(tmp_path, monkeypatch):
+    flock_failing_with(monkeypatch, BlockingIOError(errno.EWOULDBLOCK, "held"))
+    with pytest.raises(ConfigError, match="is in use"):
+        RunFolder(tmp_path / "run", keep_last=1).lock()
+
+
+def test_other_lock_errors_are_not_taken_for_a_filesystem_without_locks(tmp_path, monkeypatch):
+    flock_failing_with(monkeypatch, OSError(errno.EIO, "Input/output error"))
+    with pytest.raises(OSError, match="Input/output error"):
+        RunFolder(tmp_path / "run", keep_last=1).lock()

@@ -1,0 +1,42 @@
+"""Advisory file locks (flock) that tell "held by another process" from "this filesystem has
+no locks" (NFS mounted with nolock, Lustre without -o flock): the first is the caller's to
+report; on the second the work goes on unlocked, after one warning per kind of lock."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover  (Windows: no locks, nothing to warn about)
+    fcntl = None
+
+# What flock raises where the filesystem cannot lock at all (not a lock someone holds).
+NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", 0)}
+_warned: set[str] = set()
+
+
+def lock(fd: int, path: os.PathLike | str, risk: str, wait: bool = True) -> bool:
+    """Take an exclusive lock on the open file `fd` (of `path`). True when held; False where
+    locks are unavailable (after a warning naming `risk`, what can go wrong unlocked). With
+    wait=False a lock that another process holds raises BlockingIOError."""
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        if exc.errno not in NO_LOCKS:
+            raise
+        if risk not in _warned:
+            _warned.add(risk)
+            print(
+                f"warning: the filesystem of {os.fspath(path)} does not support file locks "
+                f"({os.strerror(exc.errno)}); going on without the lock, so {risk}. To keep "
+                "that safe, put run.output_dir on a local disk or a mount with locks (NFS "
+                "without nolock, Lustre with -o flock), or make sure only one process uses it."
+            )
+        return False
+    return True

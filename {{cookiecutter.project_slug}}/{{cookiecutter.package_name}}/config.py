@@ -26,7 +26,7 @@ Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]  # see utils/logger.py
 @dataclass
 class RunConfig:
     name: str = "default"  # run folder <output_dir>/<name>/: checkpoints, logs, resolved config
-    seed: int = 42  # base seed, 0 <= seed < 2**63; rank r of a distributed run uses seed + r
+    seed: int = 42  # base seed, 0 <= seed < 2**63; rank r seeds with a hash of (seed, r)
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
     output_dir: str = "checkpoints"  # parent folder of every run folder
     deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
@@ -247,7 +247,7 @@ def validate(cfg: Config) -> None:
         ("data.split_seed", 0 <= cfg.data.split_seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
         ("run.threads", cfg.run.threads >= 0, ">= 1, or 0 for auto"),
-        # torch seeds are 64-bit; ranks add their rank and the sampler its epoch to the seed.
+        # torch seeds are 64-bit; ranks and epochs hash (seed, rank/epoch) into one (mix_seed).
         ("run.seed", 0 <= cfg.run.seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),
     ]

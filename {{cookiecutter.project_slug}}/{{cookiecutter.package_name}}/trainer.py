@@ -36,7 +36,7 @@ from .summary import summary
 from .tasks import TASKS, build_task
 from .utils.device import check_amp, configure_backends, configure_threads
 from .utils.logger import MetricLogger, record_run
-from .utils.seed import seed_everything
+from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
 from .utils.trackers import check_installed
 
@@ -108,7 +108,8 @@ def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
     check_installed(cfg.run.loggers)  # wandb, mlflow: optional packages
     threads = configure_threads(cfg.run.threads)  # shared by the processes of this machine
     configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
-    seed_everything(cfg.run.seed + dist.rank, cfg.run.deterministic)
+    # A hash, not seed + rank: seed 43's rank 0 would be seed 42's rank 1.
+    seed_everything(mix_seed(cfg.run.seed, dist.rank), cfg.run.deterministic)
     return threads
 
 

@@ -68,12 +68,14 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     started = time.perf_counter()
     threads = prepare_process(cfg, dist, device)
     data = build_loaders(cfg, dist, device)
-    trainee = build_trainee(cfg, data, dist, device)
     progress = Progress()
     ckpts = RunFolder(Path(cfg.run.output_dir) / cfg.run.name, cfg.train.keep_last)
     log = MetricLogger(None)
     try:
-        state = resume.load_state(cfg, dist, ckpts)
+        # First what to continue from: a checkpoint found wins over train.init_from, which
+        # only starts a fresh run (with resume=auto too, as SLURM jobs and sweeps pass it).
+        state, resumed_from = resume.load_state(cfg, dist, ckpts)
+        trainee = build_trainee(cfg, data, dist, device, resumed_from)
         if state is not None:
             restore(cfg, dist, state, data, trainee, progress)
             done = resume.complete_reason(cfg, progress)
@@ -158,11 +160,16 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
     )
 
 
-def build_net(cfg: Config, example, task, device: torch.device, dist: DistInfo) -> nn.Module:
-    """The model of cfg.model for this data and task, on `device`: fine-tuning weights loaded,
-    BatchNorm synchronised across GPUs when asked."""
+def build_net(
+    cfg: Config, example, task, device: torch.device, dist: DistInfo, resumed_from: str | None
+) -> nn.Module:
+    """The model of cfg.model for this data and task, on `device`: fine-tuning weights loaded
+    unless the run resumes from `resumed_from`, BatchNorm synchronised across GPUs when asked."""
     model = build_model(cfg.model, example, task.num_outputs)
-    if cfg.train.init_from and not cfg.train.resume:
+    if cfg.train.init_from and resumed_from:
+        if dist.is_main:  # the run's own checkpoint holds the weights to continue
+            print(f"train.init_from is not used: the run resumes from {resumed_from}")
+    elif cfg.train.init_from:
         skipped = checkpoint.init_from(model, cfg.train.init_from)
         if dist.is_main:
             print(f"init_from {cfg.train.init_from}: new (not loaded): {skipped or 'none'}")
@@ -174,10 +181,12 @@ def build_net(cfg: Config, example, task, device: torch.device, dist: DistInfo) 
     return model.to(device, memory_format=memory_format)
 
 
-def build_trainee(cfg: Config, data: Data, dist: DistInfo, device: torch.device) -> Trainee:
-    """The model on its device (sharded under fsdp), AdamW, the warm-up + cosine schedule
-    (optim.py) and the fp16 loss scaler."""
-    model = build_net(cfg, data.example, data.task, device, dist)
+def build_trainee(
+    cfg: Config, data: Data, dist: DistInfo, device: torch.device, resumed_from: str | None
+) -> Trainee:
+    """The model on its device (sharded under fsdp; init_from's weights loaded before), AdamW,
+    the warm-up + cosine schedule (optim.py) and the fp16 loss scaler."""
+    model = build_net(cfg, data.example, data.task, device, dist, resumed_from)
     model = parallel.wrap(model, cfg.train, device)  # fsdp: sharded before the optimizer sees it
     data.val_loader = parallel.even_batches(data.val_loader, model)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)

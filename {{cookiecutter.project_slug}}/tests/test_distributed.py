@@ -46,10 +46,18 @@ import sys
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from {{ cookiecutter.package_name }} import cli, trainer
+from {{ cookiecutter.package_name }} import cli, loop, trainer
 
 fit, DDP = trainer.fit, trainer.DistributedDataParallel
 allreduces = []
+read_losses, stop_after = loop.read_losses, int(os.environ.get("STOP_AFTER", 0))
+
+
+def stopping(run, *args):
+    # STOP_AFTER=N (with run.log_every=1): stop after step N as SIGTERM does, to be resumed.
+    if run.progress.step == stop_after:
+        run.stop.reason = "SIGTERM"
+    return read_losses(run, *args)
 
 
 class CountingDDP(DDP):
@@ -77,7 +85,9 @@ def fit_and_dump(cfg):
 
 
 trainer.fit, trainer.DistributedDataParallel = fit_and_dump, CountingDDP
-raise SystemExit(cli.train_main(sys.argv[2:]))
+loop.read_losses = stopping
+code = cli.train_main(sys.argv[2:])
+raise SystemExit(0 if stop_after and code == 75 else code)  # 75: stopped as asked
 '''
 
 
@@ -89,10 +99,10 @@ def child_env(**extra: str) -> dict:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
 
 
-def torchrun(launch: list[str], script, *args: str) -> subprocess.CompletedProcess:
+def torchrun(launch: list[str], script, *args: str, **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", *launch, str(script), *map(str, args)]
     proc = subprocess.run(
-        cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=180
+        cmd, cwd=ROOT, env=child_env(**env), capture_output=True, text=True, timeout=180
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
@@ -349,7 +359,7 @@ def test_two_nodes_on_loopback_finish_one_run(tmp_path, dump_ranks):
 def test_two_rank_checkpoint_resumes_in_one_process(tmp_path, dump_ranks, one_process):
     out = f"run.output_dir={tmp_path / 'runs'}"
     two = [*EXACT, "train.batch_size=16", out]
-    torchrun(STANDALONE, dump_ranks, tmp_path, *two, "train.max_steps=5")
+    torchrun(STANDALONE, dump_ranks, tmp_path, *two, "run.log_every=1", STOP_AFTER="5")
     saved = checkpoint.load(tmp_path / "runs/default/last.pt")
     assert saved["progress"]["step"] == 5 and saved["progress"]["epoch_samples"] == 5 * 32
     assert saved["meta"]["world_size"] == 2

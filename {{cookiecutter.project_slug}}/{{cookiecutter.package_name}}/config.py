@@ -84,7 +84,7 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full copy per rank | fsdp: sharded (FSDP2)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     cpu_offload: bool = False  # fsdp on CUDA: sharded params, grads, optimizer state in CPU RAM
-    max_steps: int = 0  # stop after this many optimizer steps in total; 0 = all epochs
+    max_steps: int = 0  # end the run (validated) and the lr schedule here; 0 = all epochs
     resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
     keep_last: int = 2  # step checkpoints kept besides best.pt

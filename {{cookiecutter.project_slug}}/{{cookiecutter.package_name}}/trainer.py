@@ -30,7 +30,13 @@ from .distributed import DistInfo
 from .errors import ConfigError
 from .loop import Data, Loop, NonFiniteLoss, Trainee, evaluate, run_epochs
 from .models import build_model, model_io
-from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
+from .optim import (
+    build_optimizer,
+    build_scheduler,
+    continue_schedule,
+    planned_steps,
+    scaled_lr,
+)
 from .run_folder import RunFolder
 from .summary import summary
 from .tasks import TASKS, build_task
@@ -136,9 +142,10 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
     batch = cfg.train.batch_size
     train_loader = build_loader(train_set, batch_size=batch, train=True, **loader_args)
     val_loader = build_loader(val_set, batch_size=2 * batch, train=False, **loader_args)
-    steps_per_epoch = len(train_loader) // cfg.train.grad_accum_steps
+    # The epoch's last step takes the micro-batches left over (loop.train_one_epoch).
+    steps_per_epoch = -(-len(train_loader) // cfg.train.grad_accum_steps)
     effective_batch = batch * cfg.train.grad_accum_steps * dist.world_size
-    if steps_per_epoch == 0:
+    if len(train_loader) < cfg.train.grad_accum_steps:
         raise ConfigError(
             f"the effective batch ({effective_batch} = train.batch_size x "
             f"train.grad_accum_steps x {dist.world_size} ranks) exceeds the "
@@ -191,7 +198,8 @@ def build_trainee(
     data.val_loader = parallel.even_batches(data.val_loader, model)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)
     optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))
-    scheduler = build_scheduler(optimizer, cfg.train, data.steps_per_epoch * cfg.train.epochs)
+    total_steps = planned_steps(cfg.train, data.steps_per_epoch)
+    scheduler = build_scheduler(optimizer, cfg.train, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
     return Trainee(model, optimizer, scheduler, scaler, lr)
 
@@ -210,7 +218,7 @@ def restore(
     checkpoint.restore_training_state(
         state, t.model, t.optimizer, t.scheduler, t.scaler, progress, dist.rank, dist.world_size
     )
-    total_steps = data.steps_per_epoch * cfg.train.epochs
+    total_steps = planned_steps(cfg.train, data.steps_per_epoch)
     continue_schedule(t.optimizer, t.scheduler, cfg.train, t.lr, total_steps)
     if dist.is_main:
         checkpoint.note_batch_change(state, data.effective_batch)

@@ -300,8 +300,11 @@ def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
 
 def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_best: bool):
     """metrics.csv + TensorBoard (rank 0's logger) and one line on the console."""
+    epoch, progress, data = loop.progress.epoch, loop.progress, loop.data
+    if not stats["finished"]:  # train.max_steps inside an epoch: the part of it trained
+        epoch += round(progress.epoch_samples / data.effective_batch / data.steps_per_epoch, 3)
     row = {
-        "epoch": loop.progress.epoch,
+        "epoch": epoch,
         "step": loop.progress.step,
         "train/epoch_loss": stats["loss"],  # train/loss is the per-step curve
         **{f"val/{k}": v for k, v in metrics.items() if k != "count"},

@@ -7,6 +7,8 @@
 #
 # Arguments are the usual key=value overrides. train.resume=auto is always added, so give each
 # experiment its own run.name: a requeued job then continues from its newest checkpoint.
+# train.init_from=PATH (fine-tuning) loads its weights on the first start only; a requeued job
+# continues its own checkpoint.
 # Activate the project's environment before sbatch; the job inherits it.
 #
 # Time limit: SLURM sends USR1 to this script 120 s before the limit (--signal=B:USR1@120). The

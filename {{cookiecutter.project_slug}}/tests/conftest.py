@@ -87,6 +87,24 @@ def tiny(tmp_path) -> list[str]:
     return [*TINY, f"run.output_dir={tmp_path / 'runs'}"]
 
 
+def stop_after(monkeypatch, step: int) -> list[str]:
+    """Make fit() in this process stop after optimizer step `step` as SIGTERM does: save
+    last.pt where it is (mid-epoch too) without validating, to be resumed. train.max_steps
+    ends a run instead (it validates, and the lr schedule ends at it). Returns the overrides
+    the stop needs: the losses read, where stop requests are seen, at every step."""
+    from {{ cookiecutter.package_name }} import loop
+
+    read = loop.read_losses
+
+    def read_losses(run, *args):
+        if run.progress.step == step:
+            run.stop.reason = "SIGTERM"
+        return read(run, *args)
+
+    monkeypatch.setattr(loop, "read_losses", read_losses)
+    return ["run.log_every=1"]
+
+
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch):
     # Tests run training in-process; a torchrun environment leaking in would make it distributed.

@@ -22,9 +22,12 @@ from conftest import ROOT, TINY
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.data import build_loader
 from {{ cookiecutter.package_name }}.data.sampler import ShardedSampler
-from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.distributed import DistInfo
+from {{ cookiecutter.package_name }}.trainer import fit, prepare_process
 from {{ cookiecutter.package_name }}.utils import plots
+from {{ cookiecutter.package_name }}.utils.seed import mix_seed
 
 slow = pytest.mark.slow
 
@@ -43,10 +46,18 @@ import sys
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from {{ cookiecutter.package_name }} import cli, trainer
+from {{ cookiecutter.package_name }} import cli, loop, trainer
 
 fit, DDP = trainer.fit, trainer.DistributedDataParallel
 allreduces = []
+read_losses, stop_after = loop.read_losses, int(os.environ.get("STOP_AFTER", 0))
+
+
+def stopping(run, *args):
+    # STOP_AFTER=N (with run.log_every=1): stop after step N as SIGTERM does, to be resumed.
+    if run.progress.step == stop_after:
+        run.stop.reason = "SIGTERM"
+    return read_losses(run, *args)
 
 
 class CountingDDP(DDP):
@@ -74,7 +85,9 @@ def fit_and_dump(cfg):
 
 
 trainer.fit, trainer.DistributedDataParallel = fit_and_dump, CountingDDP
-raise SystemExit(cli.train_main(sys.argv[2:]))
+loop.read_losses = stopping
+code = cli.train_main(sys.argv[2:])
+raise SystemExit(0 if stop_after and code == 75 else code)  # 75: stopped as asked
 '''
 
 
@@ -86,10 +99,10 @@ def child_env(**extra: str) -> dict:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
 
 
-def torchrun(launch: list[str], script, *args: str) -> subprocess.CompletedProcess:
+def torchrun(launch: list[str], script, *args: str, **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", *launch, str(script), *map(str, args)]
     proc = subprocess.run(
-        cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=180
+        cmd, cwd=ROOT, env=child_env(**env), capture_output=True, text=True, timeout=180
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
@@ -219,7 +232,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(two_ranks, one_process
     assert_same(rank0["model"], rank1["model"])
     assert rank0["step"] == one_process["step"] == STEPS
     assert_close(rank0["model"], one_process["model"])
-    assert (rank0["seed"], rank1["seed"]) == (42, 43)  # run.seed + rank
+    assert (rank0["seed"], rank1["seed"]) == (mix_seed(42, 0), mix_seed(42, 1))
     assert rank0["allreduces"] == STEPS  # one bucket per step: the model is tiny
 
 
@@ -271,6 +284,38 @@ def test_ranks_read_interleaved_positions_of_one_order(size, world, start):
     assert len(merged) - len(order) < world  # padding only fills the last row
 
 
+def test_nearby_seeds_and_epochs_draw_unrelated_orders():
+    """Seeded with seed + epoch, seed 43's epoch k was seed 42's epoch k+1: "mean over seeds"
+    then averaged runs that saw the same orders."""
+
+    def order(seed: int, epoch: int, **kwargs) -> tuple:
+        sampler = ShardedSampler(64, seed=seed, **kwargs)
+        sampler.set_epoch(epoch)
+        return tuple(sampler)
+
+    assert order(43, 0) != order(42, 1)
+    orders = [order(seed, epoch) for seed in range(10) for epoch in range(10)]
+    assert len(set(orders)) == len(orders)
+    # The augmentation seeds that come with each sample differ across seeds and epochs too.
+    items = [item for s in range(10) for e in range(10) for item in order(s, e, seeded=True)]
+    assert len({seed for _, seed in items}) == len(items)
+
+
+def test_ranks_of_nearby_seeds_get_unrelated_seeds(tiny):
+    """Seeded with seed + rank, seed 43's rank 0 was seed 42's rank 1; likewise the loaders'
+    worker seeds (seed + 1000 x rank)."""
+    dataset = torch.utils.data.TensorDataset(torch.zeros(8, 1), torch.zeros(8))
+    seeds, loader_seeds = set(), set()
+    for seed in range(10):
+        cfg = load_config(None, [*tiny, f"run.seed={seed}"])
+        for rank in range(4):
+            prepare_process(cfg, DistInfo(rank=rank, world_size=4), torch.device("cpu"))
+            seeds.add(torch.initial_seed())
+            loader = build_loader(dataset, cfg.data, 2, train=True, seed=seed, rank=rank)
+            loader_seeds.add(loader.generator.initial_seed())
+    assert len(seeds) == len(loader_seeds) == 40 and not seeds & loader_seeds
+
+
 @slow
 def test_two_nodes_on_loopback_finish_one_run(tmp_path, dump_ranks):
     out, port = tmp_path / "runs", free_port()
@@ -314,7 +359,7 @@ def test_two_nodes_on_loopback_finish_one_run(tmp_path, dump_ranks):
 def test_two_rank_checkpoint_resumes_in_one_process(tmp_path, dump_ranks, one_process):
     out = f"run.output_dir={tmp_path / 'runs'}"
     two = [*EXACT, "train.batch_size=16", out]
-    torchrun(STANDALONE, dump_ranks, tmp_path, *two, "train.max_steps=5")
+    torchrun(STANDALONE, dump_ranks, tmp_path, *two, "run.log_every=1", STOP_AFTER="5")
     saved = checkpoint.load(tmp_path / "runs/default/last.pt")
     assert saved["progress"]["step"] == 5 and saved["progress"]["epoch_samples"] == 5 * 32
     assert saved["meta"]["world_size"] == 2

@@ -213,3 +213,31 @@ def test_a_stop_signal_while_loader_workers_start_leaves_them_running(tiny, monk
         assert sum(len(y) for _, y in loader) == len(train_set) // 16 * 16
     finally:
         data_module.close_loader(loader)
+
+
+def test_init_from_starts_a_fresh_run_under_resume_and_a_resume_continues_its_own_run(
+    tiny, capsys, monkeypatch
+):
+    """SLURM jobs and sweeps always pass train.resume=auto: init_from applies where nothing is
+    there to resume, and a checkpoint found (or named by train.resume=PATH) wins over it."""
+    fit(load_config(None, tiny))
+    source = out_dir(tiny) / "best.pt"
+    # A learning rate this small leaves the weights where they started.
+    tuned = [*tiny, "run.name=ft", f"train.init_from={source}", "train.lr=1e-12"]
+    fit(load_config(None, [*tuned, "train.resume=auto", "train.max_steps=1"]))
+    assert f"init_from {source}: new (not loaded): none" in capsys.readouterr().out
+    last = out_dir(tiny, "ft") / "last.pt"
+    first = checkpoint.load(last)["model"]
+    for key, value in checkpoint.load(source)["model"].items():
+        if value.is_floating_point() and "running" not in key:  # BatchNorm statistics move
+            torch.testing.assert_close(first[key], value, rtol=0, atol=1e-6, msg=key)
+
+    def refuse(*args):
+        raise AssertionError("init_from loaded over a run that resumes")
+
+    monkeypatch.setattr(checkpoint, "init_from", refuse)
+    for steps, resume in ((2, "auto"), (3, last)):
+        limits = [f"train.resume={resume}", f"train.max_steps={steps}"]
+        assert fit(load_config(None, [*tuned, *limits]))["step"] == steps
+        out = capsys.readouterr().out
+        assert f"train.init_from is not used: the run resumes from {last.parent}" in out

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_script, tiny_with
+from conftest import ROOT, TINY, run_script, stop_after, tiny_with
 from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
@@ -221,14 +221,16 @@ def test_sigterm_mid_epoch_under_fsdp_saves_and_resumes_exactly(tmp_path, fsdp_r
 
 
 @slow
-def test_two_rank_shards_resume_on_one_process_and_back_on_two(tmp_path, fsdp_run, dump):
+def test_two_rank_shards_resume_on_one_process_and_back_on_two(
+    tmp_path, fsdp_run, dump, monkeypatch
+):
     """2 ranks (the fixture's step 8) -> one process to step 12 -> 2 ranks to the end, at the
     same effective batch; keep_last=1 prunes the shard folders no checkpoint names."""
     out = f"run.output_dir={tmp_path / 'runs'}"
     moved = [out, "run.name=moved", "train.keep_last=1"]
     start = fsdp_run["runs"] / "default/step-00000008.pt"
-    one = [*FSDP, "train.batch_size=16", *moved, f"train.resume={start}", "train.max_steps=12"]
-    assert fit(load_config(None, one))["step"] == 12
+    one = [*FSDP, "train.batch_size=16", *moved, f"train.resume={start}"]
+    assert fit(load_config(None, [*one, *stop_after(monkeypatch, 12)]))["step"] == 12
     proc = torchrun(STANDALONE, dump, tmp_path, *FSDP, *moved, "train.resume=auto")
     assert "resumed at step 12" in proc.stdout and "fsdp over 2" in proc.stdout
     run_dir = tmp_path / "runs/moved"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, run_script, tiny_with
+from conftest import CONFIGS, run_script, stop_after, tiny_with
 from PIL import Image
 
 from {{ cookiecutter.package_name }} import checkpoint
@@ -236,7 +236,9 @@ def test_augmentation_follows_the_item_seed_whatever_the_workers_and_epoch(tmp_p
     assert not torch.equal(epoch(0, 1), epoch(0, 2))  # a new epoch draws anew
 
 
-def test_a_stopped_and_resumed_run_with_workers_matches_an_uninterrupted_one(tmp_path, tiny):
+def test_a_stopped_and_resumed_run_with_workers_matches_an_uninterrupted_one(
+    tmp_path, tiny, monkeypatch
+):
     for name in ("a", "b"):
         write_images(tmp_path / "img" / name, 16)
     args = tiny_with(
@@ -248,7 +250,8 @@ def test_a_stopped_and_resumed_run_with_workers_matches_an_uninterrupted_one(tmp
         "run.deterministic=true",
     )
     straight = fit(load_config(None, [*args, "run.name=straight", "data.num_workers=2"]))
-    fit(load_config(None, [*args, "run.name=split", "train.max_steps=9"]))  # mid-epoch 2
+    stopping = stop_after(monkeypatch, 9)  # mid-epoch 2
+    fit(load_config(None, [*args, *stopping, "run.name=split"]))
     resumed = fit(
         load_config(None, [*args, "run.name=split", "train.resume=auto", "data.num_workers=2"])
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_script, stop_after
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
@@ -41,12 +41,13 @@ def test_min_delta_zero_counts_only_epochs_that_do_not_improve(tiny):
     assert result["stopped"] == "early_stopping" and result["epoch"] == 2
 
 
-def test_a_stopped_and_resumed_run_stops_early_at_the_same_epoch(tiny):
+def test_a_stopped_and_resumed_run_stops_early_at_the_same_epoch(tiny, monkeypatch):
     straight = fit(load_config(None, [*tiny, *EARLY, "run.name=straight"]))
     # Stop mid-epoch 3: epoch 2 was already a bad epoch, which the resume must remember.
     mid = 2 * STEPS_PER_EPOCH + 3
-    first = fit(load_config(None, [*tiny, *EARLY, "run.name=split", f"train.max_steps={mid}"]))
-    assert first["stopped"] == "max_steps" and first["step"] == mid
+    stopping = stop_after(monkeypatch, mid)
+    first = fit(load_config(None, [*tiny, *EARLY, *stopping, "run.name=split"]))
+    assert first["stopped"] == "SIGTERM" and first["step"] == mid
     second = fit(load_config(None, [*tiny, *EARLY, "run.name=split", "train.resume=auto"]))
     assert second["stopped"] == "early_stopping"
     assert (second["epoch"], second["step"]) == (straight["epoch"], straight["step"])

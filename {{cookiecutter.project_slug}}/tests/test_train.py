@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, tiny_with
+from conftest import ROOT, run_script, stop_after, tiny_with
 
-from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }} import checkpoint, cli, trainer
 from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.data.in_memory import InMemoryDataset
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.trainer import fit
 
@@ -80,14 +81,15 @@ def assert_same_weights(a, b):
 
 
 @pytest.mark.parametrize("stop_at", ["epoch", "mid-epoch"])
-def test_resume_is_bitwise_exact(tmp_path, tiny, stop_at):
+def test_resume_is_bitwise_exact(tmp_path, tiny, stop_at, monkeypatch):
     """N epochs straight == stopped (at an epoch boundary or mid-epoch) then resumed."""
     exact = [*tiny, "run.deterministic=true", "train.epochs=3", "model.dropout=0.3"]
     straight = fit(load_config(None, [*exact, "run.name=straight"]))
     steps_per_epoch = straight["step"] // 3
     stop = steps_per_epoch if stop_at == "epoch" else steps_per_epoch + steps_per_epoch // 2 + 1
-    first = fit(load_config(None, [*exact, "run.name=split", f"train.max_steps={stop}"]))
-    assert first["step"] == stop
+    stopping = stop_after(monkeypatch, stop)
+    first = fit(load_config(None, [*exact, *stopping, "run.name=split"]))
+    assert first["step"] == stop and first["stopped"] == "SIGTERM"
     resumed = fit(load_config(None, [*exact, "run.name=split", "train.resume=auto"]))
     assert resumed["step"] == straight["step"]
     assert resumed["metrics"] == straight["metrics"]
@@ -102,6 +104,69 @@ def test_gradient_accumulation_and_bf16_autocast_on_cpu(tiny):
     assert result["epoch"] == 2 and result["metrics"]["loss"] < 10
     # 256 samples / batch 16 = 16 micro-batches per epoch, 2 per optimizer step.
     assert result["step"] == 2 * 8
+
+
+def test_gradient_accumulation_trains_on_every_batch_of_the_epoch(tiny, monkeypatch):
+    """14 micro-batches at grad_accum_steps=3: four steps of 3, then one of the 2 left over
+    (they were dropped), whose gradient is the mean of those 2 batches' (divided by 2)."""
+    reads, steps = [], []  # the training batches read; (parameters, gradients) at each step
+    getitem, make_optimizer = InMemoryDataset.__getitem__, trainer.build_optimizer
+
+    def reading(self, i):
+        if isinstance(i, list) and len(self) == 224:  # a batch of the training set
+            reads.append((i, getitem(self, i)))
+        return getitem(self, i)
+
+    def recording(model, *args, **kwargs):
+        optimizer = make_optimizer(model, *args, **kwargs)
+        named = list(model.named_parameters())
+
+        def before_step(*_):
+            steps.append({n: (p.detach().clone(), p.grad.clone()) for n, p in named})
+
+        optimizer.register_step_pre_hook(before_step)
+        return optimizer
+
+    monkeypatch.setattr(InMemoryDataset, "__getitem__", reading)
+    monkeypatch.setattr(trainer, "build_optimizer", recording)
+    plain = ["model.name=mlp", "model.dropout=0", "train.grad_clip=0", "train.epochs=1"]
+    args = [*tiny, *plain, "data.train_size=224", "train.grad_accum_steps=3"]
+    result = fit(load_config(None, args))
+    assert result["step"] == len(steps) == 5  # ceil(14 / 3)
+    assert sorted(i for indices, _ in reads for i in indices) == list(range(224))
+    model = result["model"]
+    for name, (value, _) in steps[-1].items():
+        model.get_parameter(name).data.copy_(value)  # as it was before the last step
+    model.zero_grad()
+    for _, (x, y) in reads[-2:]:
+        (torch.nn.functional.cross_entropy(model(x), y) / 2).backward()
+    for name, (_, grad) in steps[-1].items():
+        torch.testing.assert_close(grad, model.get_parameter(name).grad, msg=name)
+
+
+def test_max_steps_mid_epoch_validates_the_final_model_and_ends_the_lr_at_its_floor(tiny):
+    """train.max_steps=10 ends the run inside epoch 1: the summary, runs.csv and best.pt
+    describe the model it ends with, and the schedule, planned for 10 steps, ends at the
+    floor lr (it spanned both epochs and stopped mid-cosine)."""
+    cfg = load_config(None, [*tiny, "train.max_steps=10"])
+    result = fit(cfg)
+    out = Path(run_dir(tiny))
+    final = cli.evaluate_checkpoint(str(out / "last.pt"))
+    assert final["step"] == result["step"] == 10 and result["stopped"] == "max_steps"
+    metrics = {k: v for k, v in final.items() if k not in ("checkpoint", "step")}
+    assert result["metrics"] == metrics
+    best = checkpoint.load(out / "best.pt")
+    assert best["progress"]["step"] == 10 and best["progress"]["metrics"] == metrics
+    header, row = (out.parent / "runs.csv").read_text().splitlines()
+    recorded = dict(zip(header.split(","), row.split(","), strict=True))
+    for column in ("val_acc", "best_val_acc"):  # runs.csv keeps 6 significant digits
+        assert float(recorded[column]) == pytest.approx(metrics["acc"], abs=1e-6)
+    floor = cfg.train.lr * cfg.train.min_lr_ratio  # train.lr_scaling=none: the lr as given
+    assert checkpoint.load(out / "last.pt")["scheduler"]["_last_lr"] == pytest.approx(
+        [floor, floor]
+    )
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].split(",")[:2] == ["0.625", "10"]  # 10 of 16 steps
 
 
 def test_fp16_on_cpu_is_refused_before_anything_is_written(tiny):

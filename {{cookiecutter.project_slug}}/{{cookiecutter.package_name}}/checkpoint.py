@@ -50,16 +50,20 @@ class Progress:
     samples: int = 0  # samples trained on in those epochs: with train_seconds, the throughput
     metrics: dict = field(default_factory=dict)  # the last validation metrics
 
-    def improves(self, value: float, mode: str, min_delta: float = 0.0) -> bool:
+    def improves(
+        self, value: float, mode: str, min_delta: float = 0.0, epoch_end: bool = True
+    ) -> bool:
         """Record the validation `value` of the epoch just finished (self.epoch of them): the
         best if it is (True then), and whether it improved on the best by more than
-        `min_delta`, which early stopping counts in bad_epochs."""
+        `min_delta`, which early stopping counts in bad_epochs. Not `epoch_end`: a validation
+        inside epoch self.epoch + 1 (train.max_steps), which early stopping does not count."""
         sign = 1.0 if mode == "max" else -1.0
-        significant = self.best is None or sign * (value - self.best) > min_delta
-        self.bad_epochs = 0 if significant else self.bad_epochs + 1
+        if epoch_end:
+            significant = self.best is None or sign * (value - self.best) > min_delta
+            self.bad_epochs = 0 if significant else self.bad_epochs + 1
         better = self.best is None or sign * (value - self.best) > 0
         if better:
-            self.best, self.best_epoch = value, self.epoch
+            self.best, self.best_epoch = value, self.epoch + (0 if epoch_end else 1)
         return better
 
 

@@ -26,7 +26,7 @@ Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]  # see utils/logger.py
 @dataclass
 class RunConfig:
     name: str = "default"  # run folder <output_dir>/<name>/: checkpoints, logs, resolved config
-    seed: int = 42  # base seed, 0 <= seed < 2**63; rank r of a distributed run uses seed + r
+    seed: int = 42  # base seed, 0 <= seed < 2**63; rank r seeds with a hash of (seed, r)
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
     output_dir: str = "checkpoints"  # parent folder of every run folder
     deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
@@ -84,7 +84,7 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full copy per rank | fsdp: sharded (FSDP2)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     cpu_offload: bool = False  # fsdp on CUDA: sharded params, grads, optimizer state in CPU RAM
-    max_steps: int = 0  # stop after this many optimizer steps in total; 0 = all epochs
+    max_steps: int = 0  # end the run (validated) and the lr schedule here; 0 = all epochs
     resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
     keep_last: int = 2  # step checkpoints kept besides best.pt
@@ -247,7 +247,7 @@ def validate(cfg: Config) -> None:
         ("data.split_seed", 0 <= cfg.data.split_seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
         ("run.threads", cfg.run.threads >= 0, ">= 1, or 0 for auto"),
-        # torch seeds are 64-bit; ranks add their rank and the sampler its epoch to the seed.
+        # torch seeds are 64-bit; ranks and epochs hash (seed, rank/epoch) into one (mix_seed).
         ("run.seed", 0 <= cfg.run.seed < 2**63, "between 0 and 2**63 - 1"),
         ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),
     ]

@@ -78,35 +78,22 @@ class Loop:
 
 
 def run_epochs(loop: Loop, ckpts: RunFolder) -> tuple[dict, str | None]:
-    """Train an epoch, validate, checkpoint; until the last epoch, early stopping, or a stop,
-    which saves where it is (mid-epoch too). Returns the last validation metrics and the stop
+    """Train an epoch, validate, checkpoint; until the last epoch, early stopping, or a stop.
+    train.max_steps ends the run where it falls, validated (mid-epoch too); a signal saves
+    where it is and returns at once. Returns the last validation metrics and the stop
     reason."""
     cfg, progress = loop.cfg, loop.progress
-    metrics, (best_metric, best_mode) = {}, cfg.best()
+    metrics = {}
     for epoch in range(progress.epoch, cfg.train.epochs):
         progress.epoch = epoch
         set_epoch(loop.data.train_loader, epoch, start=progress.epoch_samples)
         start = time.perf_counter()
         stats, stopped = train_one_epoch(loop)
-        if stats is None:  # stopped mid-epoch: save the position inside it
+        train_time = time.perf_counter() - start
+        if not stats["finished"] and stopped != "max_steps":  # a signal: no time to validate
             save(loop, ckpts, is_best=False)
             return metrics, stopped
-        train_time = time.perf_counter() - start
-        distributed.sync_buffers(
-            loop.trainee.model
-        )  # every rank evaluates the BatchNorm stats it saves
-        metrics = evaluate(
-            loop.trainee.model, loop.data.val_loader, loop.data.task, loop.device, cfg.train.amp
-        )
-        progress.epoch, progress.epoch_samples = epoch + 1, 0
-        is_best = progress.improves(
-            metrics[best_metric], best_mode, cfg.train.early_stop_min_delta
-        )
-        progress.train_seconds += train_time
-        progress.samples += stats["samples"]
-        progress.metrics = metrics
-        save(loop, ckpts, is_best)
-        report_epoch(loop, stats, metrics, train_time, is_best)
+        metrics = validate_and_save(loop, ckpts, stats, train_time)
         if not stopped and epoch + 1 < cfg.train.epochs:
             stopped = resume.complete_reason(cfg, progress)  # early stopping (bad_epochs)
         if stopped:
@@ -114,26 +101,52 @@ def run_epochs(loop: Loop, ckpts: RunFolder) -> tuple[dict, str | None]:
     return metrics, None
 
 
-def train_one_epoch(loop: Loop) -> tuple[dict | None, str | None]:
+def validate_and_save(loop: Loop, ckpts: RunFolder, stats: dict, train_time: float) -> dict:
+    """Validate the model as it is, save it (best.pt too when it improves) and report: at the
+    end of an epoch, or where train.max_steps ends the run mid-epoch, so that the summary,
+    runs.csv and best.pt describe the final model. Returns the metrics."""
+    cfg, progress = loop.cfg, loop.progress
+    best_metric, best_mode = cfg.best()
+    # Every rank evaluates the BatchNorm statistics it saves.
+    distributed.sync_buffers(loop.trainee.model)
+    metrics = evaluate(
+        loop.trainee.model, loop.data.val_loader, loop.data.task, loop.device, cfg.train.amp
+    )
+    if stats["finished"]:
+        progress.epoch, progress.epoch_samples = progress.epoch + 1, 0
+    # A part of an epoch is no epoch for early stopping; a resume continues that epoch.
+    is_best = progress.improves(
+        metrics[best_metric], best_mode, cfg.train.early_stop_min_delta, stats["finished"]
+    )
+    progress.train_seconds += train_time
+    progress.samples += stats["samples"]
+    progress.metrics = metrics
+    save(loop, ckpts, is_best)
+    report_epoch(loop, stats, metrics, train_time, is_best)
+    return metrics
+
+
+def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
     """Train to the end of the epoch or until a stop is due (signal, train.max_steps).
 
-    Returns the epoch's stats (None when it stopped before its end) and the stop reason."""
-    cfg, progress, device = loop.cfg, loop.progress, loop.device
+    Returns the stats of the steps trained ("finished": whether the epoch ended) and the stop
+    reason."""
+    cfg, progress, accum = loop.cfg, loop.progress, loop.cfg.train.grad_accum_steps
     loader = loop.data.train_loader
     loop.trainee.net.train()
-    accum = cfg.train.grad_accum_steps
     done = progress.epoch_samples // loop.data.effective_batch  # steps this epoch before a resume
-    steps_left = min(loop.data.steps_per_epoch - done, len(loader) // accum)
+    micro_left = len(loader)  # the micro-batches left in this epoch (the loader starts there)
+    steps_left = min(loop.data.steps_per_epoch - done, -(-micro_left // accum))
     batches = iter(loader)
-    mixed_precision = autocast(device, cfg.train.amp)
     # Losses stay on the device, detached, until the next log: reading a value (.item(),
     # .tolist()) waits for the GPU, so it happens only every run.log_every steps; collecting
-    # them launches no kernel per step.
+    # them never waits.
     losses: list[torch.Tensor] = []
     params = list(
         loop.trainee.net.parameters()
     )  # walked once: the module tree costs ~50 us a walk
     since_log, epoch_loss, epoch_steps, stopped = 0, 0.0, 0, None
+    first_sample = progress.epoch_samples
     bar = tqdm(
         total=loop.data.steps_per_epoch,
         initial=done,
@@ -144,29 +157,13 @@ def train_one_epoch(loop: Loop) -> tuple[dict | None, str | None]:
     )
     finished = True  # also when a resumed epoch has nothing left to do
     for i in range(steps_left):
-        for micro in range(accum):
-            x, y = to_device(next(batches), device)
-            if cfg.train.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            # Reduce gradients across ranks only on the last micro-step of an accumulation.
-            with parallel.no_sync(loop.trainee.ddp, skip=micro < accum - 1):
-                with mixed_precision:
-                    loss = loop.data.task.loss(loop.trainee.net(x), y)
-                # Divide so the accumulated gradient is the mean over the effective batch.
-                loop.trainee.scaler.scale(loss / accum).backward()
-            losses.append(loss.detach())
-        loop.trainee.scaler.unscale_(
-            loop.trainee.optimizer
-        )  # clip the true gradients, not fp16-scaled ones
-        grad_norm = parallel.clip_grad_norm_(params, cfg.train.grad_clip or math.inf)
-        loop.trainee.scaler.step(
-            loop.trainee.optimizer
-        )  # skipped when fp16 gradients overflowed (no error)
-        loop.trainee.scaler.update()
-        loop.trainee.optimizer.zero_grad(set_to_none=True)
-        loop.trainee.scheduler.step()
+        # The epoch's last step takes the micro-batches left, fewer than accum: none is dropped.
+        micro = min(accum, micro_left)
+        micro_left -= micro
+        loss, grad_norm = train_step(loop, batches, micro, params)
+        losses.append(loss)
         progress.step += 1
-        progress.epoch_samples += loop.data.effective_batch
+        progress.epoch_samples += loop.data.effective_batch // accum * micro
         since_log += 1
         bar.update()
 
@@ -196,13 +193,39 @@ def train_one_epoch(loop: Loop) -> tuple[dict | None, str | None]:
             finished = last
             break
     bar.close()
-    if not finished:
-        return None, stopped
     stats = {
         "loss": epoch_loss / max(epoch_steps, 1),
-        "samples": epoch_steps * loop.data.effective_batch,
+        "samples": progress.epoch_samples - first_sample,
+        "finished": finished,
     }
     return stats, stopped
+
+
+def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
+    """One optimizer step on the next `micro_batches` batches, their gradients accumulated.
+    Returns the step's mean loss (on the device, detached) and the gradient norm."""
+    cfg, trainee, device = loop.cfg.train, loop.trainee, loop.device
+    mixed_precision = autocast(device, cfg.amp)
+    total = 0.0
+    for micro in range(micro_batches):
+        x, y = to_device(next(batches), device)
+        if cfg.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        # Reduce gradients across ranks only on the last micro-step of an accumulation.
+        with parallel.no_sync(trainee.ddp, skip=micro < micro_batches - 1):
+            with mixed_precision:
+                loss = loop.data.task.loss(trainee.net(x), y)
+            # Divide so the accumulated gradient is the mean over the step's micro-batches
+            # (the epoch's last step may have fewer than train.grad_accum_steps).
+            trainee.scaler.scale(loss / micro_batches).backward()
+        total = total + loss.detach()
+    trainee.scaler.unscale_(trainee.optimizer)  # clip the true gradients, not fp16-scaled ones
+    grad_norm = parallel.clip_grad_norm_(params, cfg.grad_clip or math.inf)
+    trainee.scaler.step(trainee.optimizer)  # skipped when fp16 gradients overflowed (no error)
+    trainee.scaler.update()
+    trainee.optimizer.zero_grad(set_to_none=True)
+    trainee.scheduler.step()
+    return total / micro_batches, grad_norm
 
 
 def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[float, bool]:
@@ -278,8 +301,11 @@ def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
 
 def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_best: bool):
     """metrics.csv + TensorBoard (rank 0's logger) and one line on the console."""
+    epoch, progress, data = loop.progress.epoch, loop.progress, loop.data
+    if not stats["finished"]:  # train.max_steps inside an epoch: the part of it trained
+        epoch += round(progress.epoch_samples / data.effective_batch / data.steps_per_epoch, 3)
     row = {
-        "epoch": loop.progress.epoch,
+        "epoch": epoch,
         "step": loop.progress.step,
         "train/epoch_loss": stats["loss"],  # train/loss is the per-step curve
         **{f"val/{k}": v for k, v in metrics.items() if k != "count"},

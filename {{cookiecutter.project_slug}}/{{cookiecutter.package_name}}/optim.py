@@ -28,6 +28,14 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float, fused: bool):
     return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
 
 
+def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """The optimizer steps the run plans, which the warm-up + cosine spans: all its epochs, or
+    train.max_steps where that ends it sooner (as nanoGPT and torchtitan size the schedule by
+    the step budget: a run cut short by max_steps ends at the floor lr, not mid-cosine)."""
+    total = steps_per_epoch * cfg.epochs
+    return min(total, cfg.max_steps) if cfg.max_steps > 0 else total
+
+
 def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
     """Linear warm-up, then cosine decay to lr * min_lr_ratio at `total_steps`: a LambdaLR of
     the step, rather than chained LinearLR/CosineAnnealingLR (whose cosine climbs again past

@@ -27,11 +27,12 @@ FIXED = (
 NOT_SETTINGS = ("train.resume", "train.init_from")
 
 
-def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> dict | None:
-    """The training state to continue from, per train.resume, on every rank; None for a fresh
-    run. Rank 0 decides, holding the run folder's lock, and every rank reads that one file: if
-    ranks chose on their own, one failed read (or a node without the shared filesystem) would
-    leave them at different steps. Any rank's failure stops every rank with one line."""
+def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | None, str | None]:
+    """The training state to continue from, per train.resume, on every rank, and its path;
+    (None, None) for a fresh run. Rank 0 decides, holding the run folder's lock, and every
+    rank reads that one file: if ranks chose on their own, one failed read (or a node without
+    the shared filesystem) would leave them at different steps. Any rank's failure stops every
+    rank with one line."""
     found, error = None, None
     if dist.is_main:
         try:
@@ -44,7 +45,7 @@ def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> dict | None:
     if error is not None:
         raise error
     if path is None:
-        return None
+        return None, None
     state, problem = found[0] if found else None, None
     if state is None:
         try:
@@ -54,7 +55,7 @@ def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> dict | None:
     for rank, failure in enumerate(distributed.all_gather_object(problem)):
         if failure:
             raise CheckpointError(f"rank {rank} cannot read the checkpoint to resume: {failure}")
-    return state
+    return state, path
 
 
 def changes(state: dict, cfg: Config) -> list[str]:

@@ -30,13 +30,19 @@ from .distributed import DistInfo
 from .errors import ConfigError
 from .loop import Data, Loop, NonFiniteLoss, Trainee, evaluate, run_epochs
 from .models import build_model, model_io
-from .optim import build_optimizer, build_scheduler, continue_schedule, scaled_lr
+from .optim import (
+    build_optimizer,
+    build_scheduler,
+    continue_schedule,
+    planned_steps,
+    scaled_lr,
+)
 from .run_folder import RunFolder
 from .summary import summary
 from .tasks import TASKS, build_task
 from .utils.device import check_amp, configure_backends, configure_threads
 from .utils.logger import MetricLogger, record_run
-from .utils.seed import seed_everything
+from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
 from .utils.trackers import check_installed
 
@@ -68,12 +74,14 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     started = time.perf_counter()
     threads = prepare_process(cfg, dist, device)
     data = build_loaders(cfg, dist, device)
-    trainee = build_trainee(cfg, data, dist, device)
     progress = Progress()
     ckpts = RunFolder(Path(cfg.run.output_dir) / cfg.run.name, cfg.train.keep_last)
     log = MetricLogger(None)
     try:
-        state = resume.load_state(cfg, dist, ckpts)
+        # First what to continue from: a checkpoint found wins over train.init_from, which
+        # only starts a fresh run (with resume=auto too, as SLURM jobs and sweeps pass it).
+        state, resumed_from = resume.load_state(cfg, dist, ckpts)
+        trainee = build_trainee(cfg, data, dist, device, resumed_from)
         if state is not None:
             restore(cfg, dist, state, data, trainee, progress)
             done = resume.complete_reason(cfg, progress)
@@ -108,7 +116,8 @@ def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
     check_installed(cfg.run.loggers)  # wandb, mlflow: optional packages
     threads = configure_threads(cfg.run.threads)  # shared by the processes of this machine
     configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
-    seed_everything(cfg.run.seed + dist.rank, cfg.run.deterministic)
+    # A hash, not seed + rank: seed 43's rank 0 would be seed 42's rank 1.
+    seed_everything(mix_seed(cfg.run.seed, dist.rank), cfg.run.deterministic)
     return threads
 
 
@@ -133,9 +142,10 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
     batch = cfg.train.batch_size
     train_loader = build_loader(train_set, batch_size=batch, train=True, **loader_args)
     val_loader = build_loader(val_set, batch_size=2 * batch, train=False, **loader_args)
-    steps_per_epoch = len(train_loader) // cfg.train.grad_accum_steps
+    # The epoch's last step takes the micro-batches left over (loop.train_one_epoch).
+    steps_per_epoch = -(-len(train_loader) // cfg.train.grad_accum_steps)
     effective_batch = batch * cfg.train.grad_accum_steps * dist.world_size
-    if steps_per_epoch == 0:
+    if len(train_loader) < cfg.train.grad_accum_steps:
         raise ConfigError(
             f"the effective batch ({effective_batch} = train.batch_size x "
             f"train.grad_accum_steps x {dist.world_size} ranks) exceeds the "
@@ -163,11 +173,16 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
     )
 
 
-def build_net(cfg: Config, example, task, device: torch.device, dist: DistInfo) -> nn.Module:
-    """The model of cfg.model for this data and task, on `device`: fine-tuning weights loaded,
-    BatchNorm synchronised across GPUs when asked."""
+def build_net(
+    cfg: Config, example, task, device: torch.device, dist: DistInfo, resumed_from: str | None
+) -> nn.Module:
+    """The model of cfg.model for this data and task, on `device`: fine-tuning weights loaded
+    unless the run resumes from `resumed_from`, BatchNorm synchronised across GPUs when asked."""
     model = build_model(cfg.model, example, task.num_outputs)
-    if cfg.train.init_from and not cfg.train.resume:
+    if cfg.train.init_from and resumed_from:
+        if dist.is_main:  # the run's own checkpoint holds the weights to continue
+            print(f"train.init_from is not used: the run resumes from {resumed_from}")
+    elif cfg.train.init_from:
         skipped = checkpoint.init_from(model, cfg.train.init_from)
         if dist.is_main:
             print(f"init_from {cfg.train.init_from}: new (not loaded): {skipped or 'none'}")
@@ -179,15 +194,18 @@ def build_net(cfg: Config, example, task, device: torch.device, dist: DistInfo) 
     return model.to(device, memory_format=memory_format)
 
 
-def build_trainee(cfg: Config, data: Data, dist: DistInfo, device: torch.device) -> Trainee:
-    """The model on its device (sharded under fsdp), AdamW, the warm-up + cosine schedule
-    (optim.py) and the fp16 loss scaler."""
-    model = build_net(cfg, data.example, data.task, device, dist)
+def build_trainee(
+    cfg: Config, data: Data, dist: DistInfo, device: torch.device, resumed_from: str | None
+) -> Trainee:
+    """The model on its device (sharded under fsdp; init_from's weights loaded before), AdamW,
+    the warm-up + cosine schedule (optim.py) and the fp16 loss scaler."""
+    model = build_net(cfg, data.example, data.task, device, dist, resumed_from)
     model = parallel.wrap(model, cfg.train, device)  # fsdp: sharded before the optimizer sees it
     data.val_loader = parallel.even_batches(data.val_loader, model)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)
     optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))
-    scheduler = build_scheduler(optimizer, cfg.train, data.steps_per_epoch * cfg.train.epochs)
+    total_steps = planned_steps(cfg.train, data.steps_per_epoch)
+    scheduler = build_scheduler(optimizer, cfg.train, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
     return Trainee(model, optimizer, scheduler, scaler, lr)
 
@@ -206,7 +224,7 @@ def restore(
     checkpoint.restore_training_state(
         state, t.model, t.optimizer, t.scheduler, t.scaler, progress, dist.rank, dist.world_size
     )
-    total_steps = data.steps_per_epoch * cfg.train.epochs
+    total_steps = planned_steps(cfg.train, data.steps_per_epoch)
     continue_schedule(t.optimizer, t.scheduler, cfg.train, t.lr, total_steps)
     if dist.is_main:
         checkpoint.note_batch_change(state, data.effective_batch)

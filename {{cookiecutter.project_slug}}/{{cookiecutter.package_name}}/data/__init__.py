@@ -26,7 +26,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 
 from ..config import DataConfig
 from ..errors import ConfigError
-from ..utils.seed import seed_worker
+from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
@@ -36,6 +36,10 @@ from .sampler import ShardedSampler
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
 from .text import TextChars
+
+# Tells the loaders' seeds (seed, rank, LOADER_STREAM) from the ranks' (seed, rank) and the
+# samples' (seed, epoch, index): b"loader" as a number, beyond any epoch or index.
+LOADER_STREAM = int.from_bytes(b"loader", "big")
 
 DATASETS = {
     "synthetic": SyntheticGratings,
@@ -174,8 +178,9 @@ def build_loader(
         pin_memory=pin_memory,
         persistent_workers=workers > 0,  # keep workers (and their warm caches) across epochs
         worker_init_fn=_init_worker,
-        # A private generator: worker seeds come from (seed, rank), not the global RNG stream.
-        generator=torch.Generator().manual_seed(seed + 1000 * rank),
+        # A private generator: worker seeds come from (seed, rank), not the global RNG stream;
+        # the extra part keeps it apart from the rank's own seed (trainer.prepare_process).
+        generator=torch.Generator().manual_seed(mix_seed(seed, rank, LOADER_STREAM)),
     )
 
 

@@ -1,16 +1,19 @@
 """A sampler that shards across ranks and can start mid-epoch, for exact resume.
 
-It draws the same permutation as torch's DistributedSampler (a generator seeded with
-seed + epoch) but adds `start`: the number of samples of the epoch's global order already
-consumed. Rank r of W ranks reads positions r, r+W, r+2W, ..., so after k batches of size B
-the ranks together have consumed exactly the first k*B*W positions; skipping those resumes the
-epoch on any number of ranks.
+It draws a permutation as torch's DistributedSampler does, from a generator seeded with a hash
+of (seed, epoch) rather than seed + epoch (which would give seed 43 the orders of seed 42 one
+epoch later; see utils/seed.mix_seed), and adds `start`: the number of samples of the epoch's
+global order already consumed. Rank r of W ranks reads positions r, r+W, r+2W, ..., so after
+k batches of size B the ranks together have consumed exactly the first k*B*W positions;
+skipping those resumes the epoch on any number of ranks.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.utils.data import Sampler
+
+from ..utils.seed import mix_seed
 
 
 class ShardedSampler(Sampler[int]):
@@ -40,7 +43,7 @@ class ShardedSampler(Sampler[int]):
 
     def _global_order(self) -> torch.Tensor:
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
             order = torch.randperm(self.size, generator=g)
         else:
             order = torch.arange(self.size)
@@ -55,8 +58,7 @@ class ShardedSampler(Sampler[int]):
         indices = self._global_order()[self.rank :: self.world_size].tolist()
         if not self.seeded:
             return iter(indices)
-        base = (self.seed * 1_000_003 + self.epoch) * 1_000_033
-        return iter((i, (base + i) % 2**63) for i in indices)
+        return iter((i, mix_seed(self.seed, self.epoch, i)) for i in indices)
 
     def __len__(self) -> int:
         return len(range(self.rank, len(self._global_order()), self.world_size))

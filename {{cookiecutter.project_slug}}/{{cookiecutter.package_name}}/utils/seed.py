@@ -8,6 +8,23 @@ import random
 import numpy as np
 import torch
 
+_MASK64 = 2**64 - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed that depends on every int of `parts`, e.g. (run seed, epoch) or (run seed,
+    rank). Adding them (seed + epoch) would make seed 43's epoch k seed 42's epoch k+1, so runs
+    "over seeds" would share data orders; a hash makes nearby tuples unrelated. Each part goes
+    through a splitmix64 round (Steele et al. 2014), a bijection of 64-bit words that mixes
+    every input bit into every output bit; cheap enough to call once per sample."""
+    h = len(parts)
+    for part in parts:
+        h = (h ^ (part & _MASK64)) * 0x9E3779B97F4A7C15 & _MASK64
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK64
+        h ^= h >> 31
+    return h >> 1  # torch.manual_seed and numpy take it; no sign trouble
+
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
     """Seed python, numpy and torch (all CUDA devices too); optionally deterministic kernels."""

@@ -169,6 +169,18 @@ def test_max_steps_mid_epoch_validates_the_final_model_and_ends_the_lr_at_its_fl
     assert len(rows) == 2 and rows[1].split(",")[:2] == ["0.625", "10"]  # 10 of 16 steps
 
 
+def test_a_signal_at_the_max_steps_step_still_ends_the_run_validated(tiny, monkeypatch):
+    """A stop request on the very step train.max_steps ends: the run is complete, so it is
+    validated and recorded (a resume would otherwise call it complete with older metrics)."""
+    extra = stop_after(monkeypatch, 10)
+    result = fit(load_config(None, [*tiny, *extra, "train.max_steps=10"]))
+    out = Path(run_dir(tiny))
+    final = cli.evaluate_checkpoint(str(out / "last.pt"))
+    assert result["stopped"] == "max_steps" and final["step"] == 10
+    assert result["metrics"] == {k: v for k, v in final.items() if k not in ("checkpoint", "step")}
+    assert (out.parent / "runs.csv").exists()
+
+
 def test_fp16_on_cpu_is_refused_before_anything_is_written(tiny):
     with pytest.raises(ConfigError, match="train.amp=fp16 needs a GPU"):
         fit(load_config(None, [*tiny, "train.amp=fp16"]))

@@ -187,8 +187,8 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
             bar.set_postfix(loss=f"{avg:.4f}", lr=f"{lr:.2e}", refresh=False)
             if any_stop:
                 stopped = loop.stop.reason or "signal on another rank"
-        if at_limit:
-            stopped = stopped or "max_steps"
+        if at_limit:  # the run is over: validated and complete, even if a signal came too
+            stopped = "max_steps"
         if stopped:
             finished = last
             break

@@ -111,6 +111,7 @@ EXPECTED = {
     "tests/test_bad_input.py",
     "tests/test_distributed.py",
     "tests/test_fsdp.py",
+    "tests/test_collectives.py",
     "tests/test_doctor.py",
     "tests/test_benchmarks.py",
     "tests/test_cuda.py",

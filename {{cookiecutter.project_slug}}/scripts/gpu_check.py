@@ -108,8 +108,9 @@ class Check:
         self.started.append(proc)
         return proc
 
-    def wait(self, proc: subprocess.Popen, expect: int = 0) -> str:
-        """Wait for `proc` (killing its group at the deadline); its output, or Failed."""
+    def wait(self, proc: subprocess.Popen, expect: int | None = 0) -> str:
+        """Wait for `proc` (killing its group at the deadline); its output, or Failed.
+        `expect`: the exit code it must end with; None for any."""
         try:
             code = proc.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
@@ -117,7 +118,7 @@ class Check:
             command = " ".join(proc.args[1:3])
             raise Failed(f"timed out (see --timeout): {command}", tail(proc.log)) from None
         output = proc.log.read_text(errors="replace")
-        if code != expect:
+        if expect is not None and code != expect:
             last = output.strip().splitlines()[-1][:120]
             raise Failed(f"exit {code} (expected {expect}): {last}", tail(proc.log))
         return output
@@ -261,24 +262,163 @@ def check_distributed(c: Check) -> str:
 def check_preemption(c: Check) -> str:
     """SIGTERM to train.py and its 2 loader workers after the first checkpoint: exit 75 with
     last.pt; then train.resume=auto runs to the end."""
-    args = c.overrides("preempted", "data.num_workers=2", "data.train_size=2048", "train.epochs=8")
+    args = c.overrides("preempted", "data.num_workers=2", *LONG)
     total = 2048 // 32 * 8
-    proc = c.start(sys.executable, "scripts/train.py", *args)
-    while not list(c.run_dir("preempted").glob("step-*.pt")):
+    stopped = stop_and_resume(c, [sys.executable, "scripts/train.py"], "preempted", args, total)
+    return f"SIGTERM -> exit 75 at step {stopped}; resumed to step {total}"
+
+
+LONG = ["data.train_size=2048", "train.epochs=8"]  # long enough to be stopped mid-run
+
+
+def stop_and_resume(c: Check, launch: list[str], run: str, args: list[str], total: int) -> int:
+    """Start `launch` + `args`, SIGTERM its process group after run `run`'s first checkpoint,
+    check it saved and stopped inside its `total` steps, resume it to the end. Returns the step
+    it stopped at. Under torchrun only the ranks' exit code (75) is checked, in their output."""
+    proc = c.start(*launch, *args)
+    torchrun = "torch.distributed.run" in launch
+    expect = None if torchrun else EXIT_PREEMPTED
+    while not list(c.run_dir(run).glob("step-*.pt")):
         if proc.poll() is not None or time.monotonic() > c.deadline:
-            c.wait(proc, expect=EXIT_PREEMPTED)  # reports the exit code or the timeout
+            c.wait(proc, expect=expect)  # reports the exit code or the timeout
             raise Failed("no step-*.pt was written before the run ended")
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGTERM)  # as schedulers do: the whole process group
-    c.wait(proc, expect=EXIT_PREEMPTED)
-    stopped = load_last(c.run_dir("preempted"))["progress"]["step"]
+    output = c.wait(proc, expect=expect)
+    stopped = load_last(c.run_dir(run))["progress"]["step"]
+    if f"stopped (SIGTERM) at step {stopped}" not in output:
+        raise Failed(f"no 'stopped (SIGTERM) at step {stopped}' line", tail(proc.log))
     if not 0 < stopped < total:
         raise Failed(f"last.pt is at step {stopped}, not inside the run's {total} steps")
-    c.python("scripts/train.py", *args, "train.resume=auto")
-    final = load_last(c.run_dir("preempted"))["progress"]["step"]
+    c.run(*launch, *args, "train.resume=auto")
+    final = load_last(c.run_dir(run))["progress"]["step"]
     if final != total:
         raise Failed(f"the resumed run ended at step {final}, expected {total}")
-    return f"SIGTERM -> exit 75 at step {stopped}; resumed to step {total}"
+    return stopped
+
+
+def launches(c: Check, one: bool = True) -> list[tuple[int, list[str]]]:
+    """(ranks, command) that run scripts/train.py: one process (unless not `one`), and torchrun
+    with 2 ranks where there are 2+ GPUs (NCCL gives each rank its own), or on the CPU."""
+    found = [(1, [sys.executable, "scripts/train.py"])] if one else []
+    if c.machine.device == "cpu" or c.machine.gpus >= 2:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        found.append((2, [*torchrun, "--nproc_per_node=2", "scripts/train.py"]))
+    return found
+
+
+def backend(c: Check) -> str:
+    return "nccl" if c.machine.device == "cuda" else "gloo"
+
+
+def check_fsdp(c: Check) -> str:
+    """train.strategy=fsdp on one process (a one-rank group) and on 2 ranks (2+ GPUs): each
+    stopped by SIGTERM after its first checkpoint, then resumed to the end."""
+    done = []
+    for ranks, launch in launches(c):
+        run, total = f"fsdp{ranks}", 2048 // (32 * ranks) * 8
+        args = c.overrides(run, "train.strategy=fsdp", *LONG)
+        stopped = stop_and_resume(c, launch, run, args, total)
+        world = load_last(c.run_dir(run))["meta"]["world_size"]
+        if world != ranks:
+            raise Failed(f"{run}: last.pt says world size {world}, expected {ranks}")
+        done.append(f"{ranks} rank(s) stopped at step {stopped}, resumed to {total}")
+    return f"{backend(c)}: " + "; ".join(done)
+
+
+def check_fsdp_bf16(c: Check) -> str:
+    """train.strategy=fsdp with train.amp=bf16 on the default CNN (BatchNorm kept in fp32)."""
+    if c.machine.device == "cuda" and not c.machine.native_bf16:
+        raise Skipped("no native bf16 (compute capability < 8.0)")
+    args = c.overrides("fsdp_bf16", "train.strategy=fsdp", "train.amp=bf16")
+    return last_epoch_line(c.python("scripts/train.py", *args))
+
+
+def check_cpu_offload(c: Check) -> str:
+    """train.strategy=fsdp with train.cpu_offload=true (shards and optimizer step in CPU
+    memory, gradient norm all-reduced on the CPU), on one process and on 2 ranks (2+ GPUs)."""
+    if c.machine.device != "cuda":
+        raise Skipped("train.cpu_offload needs CUDA GPUs (refused on the CPU)")
+    done = []
+    for ranks, launch in launches(c):
+        args = c.overrides(f"offload{ranks}", "train.strategy=fsdp", "train.cpu_offload=true")
+        done.append(f"{ranks} rank(s): {last_epoch_line(c.run(*launch, *args))}")
+    return "; ".join(done)
+
+
+def check_compile_ddp(c: Check) -> str:
+    """train.compile=true in DistributedDataParallel: torchrun, 2 ranks (2+ GPUs)."""
+    found = launches(c, one=False)
+    if not found:
+        raise Skipped("ddp needs 2+ GPUs (one process does not wrap the model; see compile)")
+    _, launch = found[0]
+    out = c.run(*launch, *c.overrides("compile_ddp", "train.compile=true", "train.max_steps=8"))
+    return f"2 ranks on {backend(c)}: {last_epoch_line(out)}"
+
+
+def check_compile_fsdp(c: Check) -> str:
+    """train.compile=true with train.strategy=fsdp, one process and 2 ranks (2+ GPUs)."""
+    done = []
+    for ranks, launch in launches(c):
+        args = ["train.strategy=fsdp", "train.compile=true", "train.max_steps=8"]
+        out = c.run(*launch, *c.overrides(f"compile_fsdp{ranks}", *args))
+        done.append(f"{ranks} rank(s): {last_epoch_line(out)}")
+    return "; ".join(done)
+
+
+def check_channels_last(c: Check) -> str:
+    """train.channels_last=true with ddp and with fsdp (weights sharded in the default
+    layout, inputs channels_last)."""
+    done = []
+    for strategy in ("ddp", "fsdp"):
+        args = [f"train.strategy={strategy}", "train.channels_last=true"]
+        out = c.python("scripts/train.py", *c.overrides(f"channels_last_{strategy}", *args))
+        done.append(f"{strategy}: {last_epoch_line(out)}")
+    return "; ".join(done)
+
+
+def check_init_from(c: Check) -> str:
+    """train.init_from=<best.pt> with train.resume=auto on a new run (as SLURM and sweeps pass
+    it) starts from those weights: after one step they are near best.pt's, unlike a fresh run's."""
+    c.python("scripts/train.py", *c.overrides("base"))
+    best = c.run_dir("base") / "best.pt"
+    one_step = ["train.max_steps=1", "train.resume=auto"]
+    c.python("scripts/train.py", *c.overrides("tuned", f"train.init_from={best}", *one_step))
+    c.python("scripts/train.py", *c.overrides("fresh", *one_step))
+    base = torch.load(best, map_location="cpu", weights_only=True)["model"]
+    tuned, fresh = (load_last(c.run_dir(name))["model"] for name in ("tuned", "fresh"))
+    moved, apart = distance(tuned, base), distance(fresh, base)
+    if not moved < apart / 10:
+        raise Failed(
+            f"after one step the init_from run is {moved:.3f} from best.pt (a fresh run "
+            f"{apart:.3f}): its weights were not loaded"
+        )
+    return f"one step from best.pt: {moved:.4f} relative distance (a fresh run: {apart:.3f})"
+
+
+def distance(a: dict, b: dict) -> float:
+    """sum |a - b| / sum |b| over the floating-point tensors of two state dicts."""
+    keys = [k for k in b if b[k].is_floating_point()]
+    diff = sum((a[k].double() - b[k].double()).abs().sum().item() for k in keys)
+    return diff / max(sum(b[k].double().abs().sum().item() for k in keys), 1e-12)
+
+
+def check_sweep_gpus(c: Check) -> str:
+    """scripts/sweep.py --parallel 2: two trials at a time, each on a GPU of its own (both on
+    GPU 0 with one GPU)."""
+    if c.machine.device != "cuda":
+        raise Skipped("--parallel on the CPU splits CPU threads (the test suite covers it)")
+    args = [a for a in c.overrides("unused", "train.epochs=1") if not a.startswith("run.name")]
+    c.python("scripts/sweep.py", "--name", "sweep", "--parallel", "2", "train.lr=1e-3,2e-3", *args)
+    sweep = c.workdir / "runs" / "sweep"
+    trials = json.loads((sweep / "sweep.json").read_text())["trials"]
+    states = [t["state"] for t in trials]
+    if states != ["done", "done"]:
+        raise Failed(f"trial states {states}, expected done, done")
+    logs = [(sweep / "logs" / f"{t['id']}.out").read_text(errors="replace") for t in trials]
+    if not all(" | cuda" in log for log in logs):
+        raise Failed("a trial's run line does not name a cuda device")
+    return f"2 trials at a time on {min(c.machine.gpus, 2)} GPU(s): both done"
 
 
 def check_smoke(c: Check) -> str:
@@ -320,6 +460,14 @@ CHECKS = {
     "compile": check_compile,
     "distributed": check_distributed,
     "preemption": check_preemption,
+    "fsdp": check_fsdp,
+    "fsdp_bf16": check_fsdp_bf16,
+    "cpu_offload": check_cpu_offload,
+    "compile_ddp": check_compile_ddp,
+    "compile_fsdp": check_compile_fsdp,
+    "channels_last": check_channels_last,
+    "init_from": check_init_from,
+    "sweep_gpus": check_sweep_gpus,
     "smoke": check_smoke,
     "benchmark": check_benchmark,
 }
@@ -388,8 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-cpu", action="store_true", help="without a GPU, run on CPU")
     args = parser.parse_args(argv)
     if args.list:
+        width = max(map(len, CHECKS))
         for name, check in CHECKS.items():
-            print(f"{name:<12} {' '.join(check.__doc__.split())}")
+            print(f"{name:<{width}}  {' '.join(check.__doc__.split())}")
         return 0
     names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else list(CHECKS)
     unknown = [n for n in names if n not in CHECKS]

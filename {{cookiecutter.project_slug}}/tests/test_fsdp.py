@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,9 +27,12 @@ from {{ cookiecutter.package_name }}.cli import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
-from {{ cookiecutter.package_name }}.trainer import NonFiniteLoss, fit
+from {{ cookiecutter.package_name }}.tasks.classification import Classification
+from {{ cookiecutter.package_name }}.tasks.classification import Options as ClassificationOptions
+from {{ cookiecutter.package_name }}.trainer import NonFiniteLoss, evaluate, fit
 
 slow = pytest.mark.slow
+CPU = torch.device("cpu")
 
 EXACT = [
     *TINY,
@@ -372,3 +376,91 @@ def test_a_rank_without_validation_samples_still_steps_through_empty_batches():
     loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=[])  # this rank: nothing
     batches = list(parallel._EvenBatches(loader, 2))
     assert len(batches) == 2 and all(x.shape == (0, 5) and y.shape == (0,) for x, y in batches)
+
+
+def test_the_default_cnn_trains_and_resumes_under_fsdp_with_bf16_and_channels_last(tiny):
+    """One process (a one-rank gloo group): the CNN's BatchNorms keep fp32 weights beside
+    their fp32 running statistics while the convolutions compute in bf16; FSDP shards the
+    weights in the default layout while the inputs go channels_last. Stopped at step 3
+    (train.max_steps) and resumed to the end of the epoch."""
+    args = [*tiny, "train.strategy=fsdp", "train.amp=bf16", "train.channels_last=true"]
+    args += ["train.epochs=1"]
+    assert fit(load_config(None, [*args, "train.max_steps=3"]))["step"] == 3
+    result = fit(load_config(None, [*args, "train.resume=auto"]))
+    assert result["step"] == 256 // 16 and result["metrics"]["count"] == 96
+    assert torch.isfinite(torch.tensor(result["metrics"]["loss"]))
+    assert {p.dtype for p in result["model"].parameters()} == {torch.float32}
+
+
+@slow
+def test_two_ranks_train_the_default_cnn_under_fsdp_with_bf16_and_channels_last(tmp_path, dump):
+    args = ["train.strategy=fsdp", "train.amp=bf16", "train.channels_last=true"]
+    args += [*TINY, "train.epochs=1", f"run.output_dir={tmp_path / 'runs'}"]
+    torchrun(STANDALONE, dump, tmp_path, *args, "train.max_steps=3")
+    proc = torchrun(STANDALONE, dump, tmp_path, *args, "train.resume=auto")
+    assert "resumed at step 3" in proc.stdout and "fsdp over 2" in proc.stdout
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["step"] == ranks[1]["step"] == 256 // 32
+    assert ranks[0]["metrics"] == ranks[1]["metrics"] and ranks[0]["metrics"]["count"] == 96
+
+
+def cnn_sharded_beside_its_copy(channels_last: bool, amp: str = "off"):
+    """A CNN under fsdp (one rank) and an unsharded copy with the same weights."""
+    torch.manual_seed(0)
+    net = model("cnn", 2)
+    memory_format = torch.channels_last if channels_last else torch.preserve_format
+    net.to(memory_format=memory_format)
+    copy = model("cnn", 2).to(memory_format=memory_format)
+    copy.load_state_dict(net.state_dict())
+    parallel.wrap(net, TrainConfig(strategy="fsdp", amp=amp, channels_last=channels_last), CPU)
+    return net, copy
+
+
+def test_fsdp_shards_channels_last_weights_and_convolves_channels_last():
+    try:
+        net, copy = cnn_sharded_beside_its_copy(channels_last=True)
+        layouts = []
+        net.features[0].layers[0].register_forward_hook(
+            lambda module, args, out: layouts.append(
+                out.is_contiguous(memory_format=torch.channels_last)
+            )
+        )
+        x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+        net.eval(), copy.eval()  # no dropout
+        assert torch.allclose(net(x), copy(x), atol=1e-6) and layouts == [True]
+    finally:
+        distributed.teardown()
+
+
+def test_under_fsdp_and_bf16_batch_norm_keeps_fp32_weights_and_convolutions_compute_in_bf16():
+    try:
+        net, copy = cnn_sharded_beside_its_copy(channels_last=False, amp="bf16")
+        seen = {}
+        for name in ("0", "1"):  # conv -> BatchNorm of the first block
+            layer = net.features[0].layers[int(name)]
+            layer.register_forward_hook(
+                lambda module, args, out, name=name: seen.update(
+                    {name: (module.weight.dtype, args[0].dtype, out.dtype)}
+                )
+            )
+        out = net(torch.randn(4, 3, 8, 8))  # no autocast: what evaluate's empty batches do
+        out.float().sum().backward()
+        assert seen["0"] == (torch.bfloat16, torch.bfloat16, torch.bfloat16)
+        assert seen["1"] == (torch.float32, torch.bfloat16, torch.bfloat16)
+        with torch.autocast("cpu", torch.bfloat16):  # as the training step runs it
+            assert net(torch.randn(4, 3, 8, 8)).dtype == torch.bfloat16
+    finally:
+        distributed.teardown()
+
+
+def test_a_sharded_model_validates_before_its_first_training_step():
+    """A resume whose epoch has no step left validates first: FSDP's first all-gather must not
+    happen under torch.inference_mode, where it fails."""
+    try:
+        net, _ = cnn_sharded_beside_its_copy(channels_last=False)
+        data = torch.utils.data.TensorDataset(torch.randn(5, 3, 8, 8), torch.arange(5) % 4)
+        loader = torch.utils.data.DataLoader(data, batch_size=2)
+        task = Classification(ClassificationOptions(), SimpleNamespace(num_classes=4))
+        assert evaluate(net, loader, task, CPU)["count"] == 5
+    finally:
+        distributed.teardown()

@@ -39,6 +39,9 @@ def test_list_names_every_check_in_order():
     assert names == list(gpu_check.CHECKS)
     assert set(names) >= {"tests", "resume", "bf16", "fp16", "compile", "distributed"}
     assert set(names) >= {"preemption", "smoke", "benchmark"}
+    # What the CPU suite cannot run: NCCL, CUDA-only options, GPUs for sweep trials.
+    assert set(names) >= {"fsdp", "fsdp_bf16", "cpu_offload", "compile_ddp", "compile_fsdp"}
+    assert set(names) >= {"channels_last", "init_from", "sweep_gpus"}
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
@@ -127,3 +130,30 @@ def test_preemption_check_on_cpu():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     status, detail = table(done.stdout)["preemption"]
     assert status == "pass" and "SIGTERM -> exit 75" in detail
+
+
+@pytest.mark.slow
+def test_the_fsdp_and_channels_last_checks_on_cpu():
+    """fsdp on gloo: one process and 2 ranks, each stopped by SIGTERM and resumed; fsdp with
+    bf16 on the default CNN; channels_last under ddp and fsdp. The CUDA-only checks skip.
+    (The compile checks are left to GPUs: compiling takes minutes on a busy CPU.)"""
+    names = ["fsdp", "fsdp_bf16", "channels_last", "cpu_offload", "sweep_gpus"]
+    done = run_script(SCRIPT, "--allow-cpu", "--only", ",".join(names), env=NO_GPU, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    rows = table(done.stdout)
+    assert list(rows) == names
+    assert rows["fsdp"][0] == "pass" and rows["fsdp"][1].startswith("gloo: 1 rank(s) stopped")
+    assert "; 2 rank(s) stopped at step" in rows["fsdp"][1]
+    assert rows["fsdp_bf16"][0] == "pass" and rows["fsdp_bf16"][1].startswith("epoch 2/2")
+    assert rows["channels_last"][0] == "pass" and "fsdp: epoch 2/2" in rows["channels_last"][1]
+    assert rows["cpu_offload"][0] == "skip" and "needs CUDA GPUs" in rows["cpu_offload"][1]
+    assert rows["sweep_gpus"][0] == "skip"
+
+
+@pytest.mark.slow
+def test_init_from_check_on_cpu():
+    """A run given train.init_from and train.resume=auto starts from the weights it names."""
+    done = run_script(SCRIPT, "--allow-cpu", "--only", "init_from", env=NO_GPU, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    status, detail = table(done.stdout)["init_from"]
+    assert status == "pass" and detail.startswith("one step from best.pt")

@@ -34,8 +34,14 @@ class DistInfo:
         return self.rank == 0
 
 
-def setup(device_name: str) -> tuple[DistInfo, torch.device]:
-    """Join the process group when torchrun (or srun + torchrun) set RANK/WORLD_SIZE."""
+# The device types the process group serves, recorded when distributed.py makes it: every
+# collective below checks its tensor against them (see _check_device).
+_serves: tuple[str, ...] = ()
+
+
+def setup(device_name: str, cpu_collectives: bool = False) -> tuple[DistInfo, torch.device]:
+    """Join the process group when torchrun (or srun + torchrun) set RANK/WORLD_SIZE.
+    `cpu_collectives`: on GPUs, also serve CPU tensors (train.cpu_offload: see join())."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistInfo(), resolve_device(device_name)
     info = DistInfo(
@@ -50,12 +56,29 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device]:
             "CUDA_VISIBLE_DEVICES"
         )
     device = resolve_device(device_name, info.local_rank)
+    join(device, cpu_collectives)
+    return info, device
+
+
+def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
+    """Make the process group for `device`: NCCL on CUDA (serving CUDA tensors only), gloo on
+    the CPU. `cpu_collectives` adds gloo for CPU tensors beside NCCL: under train.cpu_offload
+    the sharded gradients live on the CPU and gradient clipping all-reduces their norm there.
+    `alone`: store, rank and world_size of a group without torchrun (parallel.wrap)."""
+    global _serves
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)  # device_id binds the rank to its GPU
+        backend = "cpu:gloo,cuda:nccl" if cpu_collectives else "nccl"
+        dist.init_process_group(backend, device_id=device, **alone)  # binds the rank to its GPU
+        _serves = ("cuda", "cpu") if cpu_collectives else ("cuda",)
     else:
-        dist.init_process_group("gloo")
-    return info, device
+        dist.init_process_group("gloo", **alone)
+        _serves = ("cpu",)
+
+
+def join_alone(device: torch.device, cpu_collectives: bool = False) -> None:
+    """A one-rank group for one process without torchrun (fsdp needs a group to shard)."""
+    join(device, cpu_collectives, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def teardown() -> None:
@@ -69,9 +92,11 @@ def teardown() -> None:
     can abort (SIGABRT), more often when a peer has already exited. Importing it at the top
     of this module, before any group exists, binds None instead.
     """
+    global _serves
     if dist.is_available() and dist.is_initialized():
         gc.collect()  # DDP wrappers sit in reference cycles: free them while the group lives
         dist.destroy_process_group()
+    _serves = ()
 
 
 def is_distributed() -> bool:
@@ -83,10 +108,23 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _check_device(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, if the process group serves its device type. NCCL serves CUDA tensors only: a
+    tensor made without device= (on the CPU) fails there, deep in torch, and only on GPUs. This
+    check fails the same way on any machine (the tests run the collectives' callers with new
+    tensors on meta by default), naming the fix."""
+    if _serves and tensor.device.type not in _serves:
+        raise RuntimeError(
+            f"a collective got a tensor on {tensor.device.type}, but the process group serves "
+            f"{' and '.join(_serves)} tensors only; create it on the run's device (device=...)"
+        )
+    return tensor
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum over ranks in place (sums and counts, never per-rank means)."""
     if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(_check_device(tensor), op=dist.ReduceOp.SUM)
     return tensor
 
 
@@ -102,16 +140,21 @@ def all_reduce_sums(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        dist.all_reduce(_check_device(tensor), op=dist.ReduceOp.MAX)
     return tensor
+
+
+def broadcast(tensors, src: int = 0) -> None:
+    """Give every rank rank `src`'s values of `tensors`, in place."""
+    if is_distributed():
+        for tensor in tensors:
+            dist.broadcast(_check_device(tensor), src=src)
 
 
 def sync_buffers(model: nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm running statistics). DDP does so before each
     training forward, but the last step leaves each rank with statistics of its own batch."""
-    if is_distributed():
-        for buffer in model.buffers():
-            dist.broadcast(buffer, src=0)
+    broadcast(model.buffers())
 
 
 def broadcast_object(obj):

@@ -248,7 +248,7 @@ def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[flo
     return total.item() / loop.dist.world_size / steps, bool(any_stop)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: an fsdp model's first all-gather fails under it
 def evaluate(
     model: nn.Module, loader, task, device: torch.device, amp: str = "off", observe=None
 ) -> dict:

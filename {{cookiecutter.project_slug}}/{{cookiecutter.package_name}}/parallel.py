@@ -70,13 +70,16 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
     if not dist.is_initialized():
         # One process without torchrun: a one-rank group, so that fsdp trains, saves and
         # resumes the same way on one process as on many (and reads their checkpoints).
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        distributed.join_alone(device, cpu_collectives=train.cpu_offload)
     # Each rank seeded its own streams (run.seed + rank): start from rank 0's weights, as
     # DistributedDataParallel does, before each rank keeps its part.
     with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(tensor, src=0)
+        distributed.broadcast([*model.parameters(), *model.buffers()])
+    # FSDP shards contiguous parameters only: channels_last weights go back to the default
+    # layout. The inputs stay channels_last (loop.py), and a convolution given channels_last
+    # input computes and returns channels_last (cuDNN and oneDNN alike) whatever its weights'.
+    if train.channels_last:
+        model.to(memory_format=torch.contiguous_format)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # bf16 compute with fp32 gradient reduction and fp32 sharded weights for the optimizer.
     param_dtype = torch.bfloat16 if train.amp == "bf16" else None
@@ -85,10 +88,25 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
         mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
         offload_policy=CPUOffloadPolicy() if train.cpu_offload else OffloadPolicy(),
     )
+    if param_dtype is not None:
+        _shard_batch_norms(model, options)
     for block in found:
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
+
+
+def _shard_batch_norms(model: nn.Module, options: dict) -> None:
+    """Shard each BatchNorm on its own, its weights kept in fp32 (as torchtitan does, issue
+    674): FSDP's mixed precision casts parameters, not buffers, and batch_norm refuses bf16
+    weights beside fp32 running statistics. Its input is not cast: batch_norm takes a bf16
+    input with fp32 weights and returns bf16, what the next layer's bf16 weights expect."""
+    fp32 = MixedPrecisionPolicy(
+        param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            fully_shard(module, **{**options, "mp_policy": fp32})
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
@@ -116,14 +134,14 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def even_batches(loader, model: nn.Module):
+def even_batches(loader, model: nn.Module, device: torch.device):
     """`loader`, or under fsdp a loader that yields as many batches on every rank (a
     collective: every rank calls it). Under fsdp each forward pass is a collective (a block
     gathers its parameters from every rank), but validation shards differ by up to a sample
     and so may differ by a batch: the ranks with fewer end with empty batches."""
     if not is_sharded(model):
         return loader
-    most = distributed.all_reduce_max(torch.tensor(len(loader)))
+    most = distributed.all_reduce_max(torch.tensor(len(loader), device=device))
     return _EvenBatches(loader, int(most))
 
 

@@ -58,7 +58,7 @@ def fit(cfg: Config) -> dict:
     stop = StopSignal()
     stop.install()  # from the start: a signal during set-up stops the run after one step
     try:
-        dist, device = distributed.setup(cfg.run.device)
+        dist, device = distributed.setup(cfg.run.device, cfg.train.cpu_offload)
         return train(cfg, dist, device, stop)
     finally:
         # Only once train()'s frame is gone, so that no DistributedDataParallel (whose gloo
@@ -201,7 +201,7 @@ def build_trainee(
     the warm-up + cosine schedule (optim.py) and the fp16 loss scaler."""
     model = build_net(cfg, data.example, data.task, device, dist, resumed_from)
     model = parallel.wrap(model, cfg.train, device)  # fsdp: sharded before the optimizer sees it
-    data.val_loader = parallel.even_batches(data.val_loader, model)  # fsdp: in lockstep
+    data.val_loader = parallel.even_batches(data.val_loader, model, device)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)
     optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)

@@ -87,11 +87,11 @@ class Check:
     def run_dir(self, name: str) -> Path:
         return self.workdir / "runs" / name
 
-    def start(self, *args: str) -> subprocess.Popen:
+    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
         """`args` from the project root, in a process group of its own (so that a timeout or
         a signal reaches its loader workers and ranks too); stdout+stderr go to a log file."""
         path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(env or {})}
         log = self.workdir / f"{len(list(self.workdir.glob('*.log'))) + 1}.log"
         with log.open("w") as out:
             out.write(f"$ {' '.join(args)}\n")
@@ -123,8 +123,8 @@ class Check:
             raise Failed(f"exit {code} (expected {expect}): {last}", tail(proc.log))
         return output
 
-    def run(self, *args: str, expect: int = 0) -> str:
-        return self.wait(self.start(*args), expect)
+    def run(self, *args: str, expect: int = 0, env: dict | None = None) -> str:
+        return self.wait(self.start(*args, env=env), expect)
 
     def kill_all(self) -> None:
         """Stop what this check started and is still running, ranks and loader workers too."""
@@ -133,8 +133,8 @@ class Check:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-    def python(self, *args: str, expect: int = 0) -> str:
-        return self.run(sys.executable, *args, expect=expect)
+    def python(self, *args: str, expect: int = 0, env: dict | None = None) -> str:
+        return self.run(sys.executable, *args, expect=expect, env=env)
 
 
 def tail(log: Path, lines: int = 25) -> str:
@@ -421,6 +421,18 @@ def check_sweep_gpus(c: Check) -> str:
     return f"2 trials at a time on {min(c.machine.gpus, 2)} GPU(s): both done"
 
 
+def check_combinations(c: Check) -> str:
+    """tests/test_combinations.py on CUDA: every pair of option values, trained, stopped,
+    resumed, evaluated and exported; fp16 and NCCL train here (the CPU refuses fp16 and runs
+    gloo). Two-rank cases need 2 GPUs."""
+    out = c.python(
+        *("-m", "pytest", "-q", "-rs", "-x", "-p", "no:cacheprovider", "-m", "slow"),
+        "tests/test_combinations.py",
+        env={"COMBINATIONS_DEVICE": "cuda"},
+    )
+    return pytest_summary(out)
+
+
 def check_smoke(c: Check) -> str:
     """scripts/smoke.py: train, checkpoint, resume, evaluate."""
     out = c.python("scripts/smoke.py", f"run.device={c.machine.device}")
@@ -468,6 +480,7 @@ CHECKS = {
     "channels_last": check_channels_last,
     "init_from": check_init_from,
     "sweep_gpus": check_sweep_gpus,
+    "combinations": check_combinations,
     "smoke": check_smoke,
     "benchmark": check_benchmark,
 }

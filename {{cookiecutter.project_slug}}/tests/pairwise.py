@@ -60,11 +60,6 @@ REFUSED = [
     ),
     Rule({"amp": ["fp16"]}, ("train.amp=fp16",), "fp16 needs a GPU; bf16 runs on CPU", ("cpu",)),
     Rule(
-        {"ranks": ["fsdp-1", "fsdp-2"], "channels_last": [True]},
-        ("train.channels_last", "train.strategy=fsdp"),
-        "FSDP2 shards parameters flat; channels_last weights cannot be sharded",
-    ),
-    Rule(
         {"task": [t for t in AXES["task"] if t not in IMAGE_TASKS], "channels_last": [True]},
         ("train.channels_last",),
         "channels_last is a layout of image batches (N, C, H, W); other inputs have none",

@@ -157,3 +157,20 @@ def test_init_from_check_on_cpu():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     status, detail = table(done.stdout)["init_from"]
     assert status == "pass" and detail.startswith("one step from best.pt")
+
+
+def test_the_combinations_check_runs_the_suite_on_cuda(monkeypatch):
+    """The GPU-only combinations (fp16, NCCL) are the CPU suite's own cases on CUDA."""
+    calls = []
+
+    class Recorder:
+        def python(self, *args, expect=0, env=None):
+            calls.append((args, env))
+            return "3 passed, 1 skipped in 9.0s"
+
+    assert gpu_check.check_combinations(Recorder()) == "3 passed, 1 skipped in 9.0s"
+    ((args, env),) = calls
+    assert "tests/test_combinations.py" in args and env == {"COMBINATIONS_DEVICE": "cuda"}
+    from pairwise import covering_cases
+
+    assert any(case["amp"] == "fp16" for case in covering_cases(device="cuda"))

@@ -9,7 +9,8 @@ r"""Train a model.
         --rdzv-id=run1 scripts/train.py run.name=run1
     sbatch scripts/slurm_train.sh run.name=run1                    # SLURM: nodes x GPUs, requeue
 
-Exit codes: 0 done, 2 bad input (one line says what to fix), 75 preempted (saved; rerun).
+Exit codes: 0 done, 2 bad input (one line says what to fix), 75 preempted or a first Ctrl-C
+(saved; rerun to resume), 130 a second Ctrl-C (the last checkpoint saved stays).
 """
 
 from {{ cookiecutter.package_name }}.cli import train_main

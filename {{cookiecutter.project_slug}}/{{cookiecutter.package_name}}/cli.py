@@ -1,8 +1,8 @@
 """Entry points behind scripts/*.py: parse arguments, run, and turn bad input into one line.
 
 Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path,
-checkpoint, data, a full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 after
-saving a checkpoint (run again to resume).
+checkpoint, data, a full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 or a
+first Ctrl-C after saving a checkpoint (run again to resume), 130 a second Ctrl-C.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from .utils.trackers import check_installed
 
 __all__ = ["EXIT_PREEMPTED", "NonFiniteLoss", "build_data", "evaluate", "fit"]
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after saving; run again to resume
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped (SIGTERM/SIGUSR1/Ctrl-C) after saving; rerun to resume
 COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do
 
 

@@ -114,15 +114,15 @@ def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[
     sources += inputs_of(names, trained)
     io = trained.io
     floats = getattr(torch, io["input_dtype"]).is_floating_point
-    shape, fix = tuple(io["input_shape"]), "x.float()" if floats else "x.long()"
+    shape = tuple(io["input_shape"])
+    fix = "x.float() (x.float() / 255 for 8-bit images)" if floats else "x.long()"
     for name, ids, x, _ in sources:
         if len(x) == 0:
             raise ConfigError(f"{name} holds no inputs; give it at least one")
         if x.is_floating_point() != floats or x.dtype == torch.bool or x.is_complex():
             raise ConfigError(
                 f"{name}: x is {str(x.dtype).removeprefix('torch.')}, the model takes "
-                f"{io['input_dtype']}; convert it once, e.g. {fix} (x.float() / 255 for 8-bit "
-                "images)"
+                f"{io['input_dtype']}; convert it once, e.g. {fix}"
             )
         if tuple(x.shape[1:]) != shape:
             raise ConfigError(
@@ -130,7 +130,7 @@ def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[
                 "(x is (N, *shape)); give inputs like its training data"
             )
         if floats and not torch.isfinite(x).all():
-            bad = ids[int((~torch.isfinite(x.view(len(x), -1))).any(1).nonzero()[0])]
+            bad = ids[int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])]
             raise ConfigError(f"{name}: input {bad} holds nan or inf; fix or drop it")
     return sources
 

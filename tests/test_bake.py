@@ -66,6 +66,7 @@ EXPECTED = {
     "PKG/report.py",
     "PKG/inference.py",
     "PKG/predict.py",
+    "PKG/predict_inputs.py",
     "PKG/export.py",
     "PKG/optim.py",
     "PKG/sweep.py",

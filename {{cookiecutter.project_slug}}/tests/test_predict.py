@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, lm_overrides, tiny_with
+from conftest import CONFIGS, TINY, lm_overrides, tiny_with
 
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.config import load_config
@@ -148,3 +148,140 @@ def test_a_prompt_is_continued_with_the_checkpoint_vocabulary(tiny, tmp_path, ca
     text = capsys.readouterr().out.strip()
     assert code == 0 and text.startswith("ab") and len(text) == 7 and set(text) <= set("abc")
     assert cli.predict_main(["--checkpoint", best, "--prompt", "xyz"]) == 2
+
+
+# Bad inputs: each is refused before the model runs, on one line naming the input and the fix;
+# an --out file that existed is left as it was.
+
+
+class NotATensor:  # pickled by torch.save, refused by torch.load(weights_only=True)
+    pass
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    """Two small checkpoints: a CSV classifier (columns a, b, c; classes x, y, z) and a
+    classifier of (3, 8, 8) tensors with classes 0..3."""
+    root = tmp_path_factory.mktemp("models")
+    rows = [f"{i % 7},{i % 5},{(i * 3) % 11},{'xyz'[i % 3]}" for i in range(60)]
+    (root / "t.csv").write_text("\n".join(["a,b,c,kind", *rows]) + "\n")
+    common = [*TINY, f"run.output_dir={root}", "model.name=mlp", "train.epochs=1"]
+    table = ["data.name=csv", f"data.path={root / 't.csv'}", "data.label=kind"]
+    return {
+        "csv": best_of(tiny_with(common, *table, "run.name=csv")),
+        "tensor": best_of(tiny_with(common, "run.name=tensor")),
+    }
+
+
+def tensors(n: int = 2, **blob) -> dict:
+    return {"x": torch.randn(n, 3, 8, 8), **blob}
+
+
+def with_nan() -> dict:
+    blob = tensors(3)
+    blob["x"][1, 2, 4, 4] = float("nan")
+    return blob
+
+
+BAD_FILES = [
+    ("csv", "dup.csv", "a,b,a,c\n1,2,3,4\n", "has the column 'a' twice"),
+    ("csv", "short.csv", "a,b,c\n1,2,3\n1,2\n", "line 3 has 2 fields, the header 3"),
+    ("csv", "long.csv", "a,b,c\n1,2,3,4\n", "line 2 has 4 fields, the header 3"),
+    ("csv", "word.csv", "a,b,c\n1,oops,3\n", "line 2: column 'b' holds 'oops', not a number"),
+    ("csv", "nan.csv", "a,b,c\n1,2,3\n1,nan,3\n", "line 3: column 'b' holds 'nan'"),
+    ("csv", "inf.csv", "a,b,c\n1,2,-inf\n", "line 2: column 'c' holds '-inf'"),
+    ("csv", "big.csv", "a,b,c\n1,2,3\n1,2,3e39\n", "big.csv:3 holds nan or inf"),
+    ("csv", "latin.csv", "a,b,c\n1,2,3 # café\n".encode("latin-1"), "is not UTF-8 text"),
+    ("csv", "quote.csv", 'a,b,c\n1,2,"3' + "4" * 70000 + "\n", "field over 65536 characters"),
+    ("csv", "zebra.csv", "a,b,c,kind\n1,2,3,x\n1,2,3,zebra\n", "line 3: column 'kind' holds "),
+    ("csv", "header.csv", "a,b,c\n", "needs a header row and at least one data row"),
+    ("csv", "x.pt", tensors(), "was trained on a CSV table"),
+    ("tensor", "text.pt", "not a tensor file\n", "is not a file written by torch.save"),
+    ("tensor", "object.pt", {"x": NotATensor()}, "holds pickled Python objects"),
+    ("tensor", "keys.pt", {"inputs": torch.zeros(2, 3, 8, 8)}, "not a tensor 'x'"),
+    ("tensor", "int.pt", {"x": torch.ones(2, 3, 8, 8, dtype=torch.int64)}, "x is int64, the"),
+    ("tensor", "shape.pt", {"x": torch.zeros(2, 3, 4, 4)}, "inputs of shape (3, 4, 4), the"),
+    ("tensor", "empty.pt", {"x": torch.zeros(0, 3, 8, 8)}, "holds no inputs"),
+    ("tensor", "nan.pt", with_nan(), "nan.pt:1 holds nan or inf"),
+    ("tensor", "y4.pt", tensors(y=torch.tensor([0, 4])), "y holds class 4, but the model has"),
+    ("tensor", "yneg.pt", tensors(y=torch.tensor([-1, 0])), "y holds class -1, but the model"),
+    ("tensor", "yfloat.pt", tensors(y=torch.tensor([0.0, 1.0])), "the model is a classifier"),
+    ("tensor", "ylen.pt", tensors(y=torch.tensor([0, 1, 2])), "y is 3 labels for 2 inputs"),
+]
+
+
+def refused(capsys, tmp_path, argv: list[str]) -> str:
+    """The one error line of predict_main(argv), checked: exit 2, nothing written."""
+    out = tmp_path / "preds.csv"
+    out.write_text("kept\n")
+    before = set(tmp_path.iterdir())
+    capsys.readouterr()
+    code = cli.predict_main([*argv, "--out", str(out)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert out.read_text() == "kept\n" and set(tmp_path.iterdir()) == before
+    return lines[0]
+
+
+@pytest.mark.parametrize(("model", "name", "content", "fragment"), BAD_FILES)
+def test_a_bad_input_file_is_refused_on_one_line(
+    models, tmp_path, capsys, model, name, content, fragment
+):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, str):
+        path.write_text(content)
+    else:
+        torch.save(content, path)
+    line = refused(capsys, tmp_path, ["--checkpoint", models[model], str(path)])
+    assert fragment in line and name in line and len(line) < 400
+
+
+BAD_OPTIONS = [
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--batch-size", "-3"], "--batch-size must be >= 1, got -3"),
+    (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
+    (["--device", "cuda:x"], "--device must be auto, cpu, cuda, cuda:N or mps"),
+    (["--split", "val", "good.csv"], "--split val reads the run's own split: leave out"),
+    (["--prompt", "ab", "--temperature", "nan"], "--temperature must be >= 0"),
+    (["--prompt", "ab", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["--prompt", "ab", "--top-k", "-2"], "--top-k must be >= 0"),
+    (["--prompt", "ab", "--tokens", "-1"], "--tokens must be >= 0"),
+    (["--prompt", "ab", "good.csv"], "--prompt continues text: leave out"),
+    (["--prompt", "ab", "--split", "val"], "--prompt continues text: leave out --split val"),
+]
+
+
+@pytest.mark.parametrize(("args", "fragment"), BAD_OPTIONS)
+def test_a_bad_option_is_refused_on_one_line(models, tmp_path, capsys, args, fragment):
+    (tmp_path / "good.csv").write_text("a,b,c\n1,2,3\n")
+    args = [str(tmp_path / a) if a == "good.csv" else a for a in args]
+    assert fragment in refused(capsys, tmp_path, ["--checkpoint", models["csv"], *args])
+
+
+def test_good_inputs_still_predict_and_csv_columns_are_found_by_name(models, tmp_path):
+    """The same checks pass good inputs: columns in another order, padded names, an extra
+    column and a label column with known classes; y of class ids; --split val alone."""
+    table = tmp_path / "new.csv"
+    table.write_text("id, c ,kind,a,b\n7,3,x,1,2\n8,3,,1,2\n")
+    rows = predict(models["csv"], str(table), out=tmp_path / "p.csv")
+    assert [r["label"] for r in rows] == ["x", ""] and rows[0]["prediction"] in "xyz"
+    torch.save(tensors(y=torch.tensor([0, 3])), tmp_path / "y.pt")
+    rows = predict(models["tensor"], str(tmp_path / "y.pt"), out=tmp_path / "q.csv")
+    assert [r["label"] for r in rows] == ["angle_0", "angle_3"]
+    assert len(predict(models["tensor"], "--split", "val", out=tmp_path / "v.csv")) == 96
+
+
+def test_duplicate_columns_are_refused_in_training(tmp_path):
+    """Today the second column named 'a' would be read as a copy of the first."""
+    from {{ cookiecutter.package_name }}.data import build_datasets
+    from {{ cookiecutter.package_name }}.errors import ConfigError
+
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "a,b,a,kind\n" + "".join(f"{i},{i % 3},{-i},{'xy'[i % 2]}\n" for i in range(20))
+    )
+    cfg = load_config(None, ["data.name=csv", f"data.path={path}", "data.label=kind"])
+    with pytest.raises(ConfigError, match=r"t.csv' has the column 'a' twice; rename or drop one"):
+        build_datasets(cfg.data, "class")

@@ -183,6 +183,9 @@ def predict_main(argv: list[str] | None = None) -> int:
         from .predict import generate, predict
 
         if args.prompt is not None:
+            if args.inputs or args.split:
+                given = repr(args.inputs[0]) if args.inputs else f"--split {args.split}"
+                raise UserError(f"--prompt continues text: leave out {given}, or the prompt")
             text = generate(
                 args.checkpoint,
                 args.prompt,

@@ -2,125 +2,63 @@
 file type, that turns files into a batch the model takes, with the preprocessing saved in the
 checkpoint's data meta (never the current config):
 
-- CSV tables (.csv): meta["features"] columns, standardised with meta["mean"] / meta["std"];
-  the label column is optional (its values are copied to the output);
-- tensor files (.pt): {"x": (N, ...)} (an optional "y" is copied), or a bare tensor;
+- CSV tables (.csv): meta["features"] columns (found by name; other columns are ignored),
+  standardised with meta["mean"] / meta["std"]; the label column is optional (its values are
+  copied to the output);
+- tensor files (.pt): {"x": (N, ...)} (an optional "y" is copied), or a bare tensor, for
+  models trained on tensor files or synthetic data (no input statistics to apply);
 - images (.png, .jpg, ... or a folder of them, Pillow): RGB, resized to meta["image_size"],
   scaled to [0, 1] and normalised with meta["mean"] / meta["std"];
 - `split="val"`: the training run's validation split, rebuilt like evaluate.py does;
 - a text prompt for a language model: encoded with meta["vocab"], continued by
   model.generate.
 
+Every input is read and checked (check_inputs) before the model runs: against the
+checkpoint's io (sample shape, float or integer inputs) and meta (columns, classes). NaN or
+inf features are refused, naming the row: a prediction from them would be a guess. Labels the
+model does not know are refused too, so an accuracy is never computed against them. Each
+refusal is one ConfigError naming the input and the fix; nothing is written then.
+
 Outputs are one CSV row per input: its id, the predicted class name and its probability, or
 the predicted values (regression: in the targets' units, mapped back with meta["target_mean"]
-/ meta["target_std"]); plus the known label, if any.
+/ meta["target_std"]); plus the known label, if any. The CSV replaces `out` in one step.
 """
 
 from __future__ import annotations
 
 import csv
 import io as text_io
+import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from .data.image_folder import EXTENSIONS, decode
-from .errors import ConfigError, UserError
-from .inference import Trained, load_trained, validation_set
+from .data.image_folder import EXTENSIONS
+from .errors import ConfigError
+from .inference import Trained, load_trained
+from .predict_inputs import read_csv, read_images, read_split, read_tensors
 from .utils.device import resolve_device
 
 IMAGE_SUFFIXES = EXTENSIONS  # the files image folders train on
 
 
-def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
-    """(ids, inputs (N, F), labels or None) of a table with the training table's columns."""
-    meta = trained.meta
-    if "features" not in meta:
-        raise ConfigError(
-            f"{str(path)!r}: checkpoint {trained.path!r} was not trained on a CSV table (its "
-            "data meta names no feature columns); give it inputs like its training data"
-        )
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        rows = [row for row in csv.DictReader(f) if any(row.values())]
-    header = set(rows[0]) if rows else set()
-    missing = [name for name in meta["features"] if name not in header]
-    if missing:
-        raise ConfigError(
-            f"CSV file {str(path)!r} lacks the feature column {missing[0]!r} the model was "
-            f"trained on (it needs {', '.join(meta['features'])})"
-        )
-    try:
-        x = torch.tensor([[float(row[c]) for c in meta["features"]] for row in rows])
-    except (TypeError, ValueError) as exc:  # TypeError: a row shorter than the header
-        raise ConfigError(
-            f"CSV file {str(path)!r} holds a value that is not a number ({exc}); fix that row"
-        ) from None
-    x = (x - torch.tensor(meta["mean"])) / torch.tensor(meta["std"])
-    label = meta.get("label")
-    labels = [row[label].strip() for row in rows] if label in header else None
-    return [f"{path}:{i + 2}" for i in range(len(rows))], x, labels  # ids: file:line
+class Inputs(NamedTuple):
+    name: str  # for messages: "CSV file 'new.csv'"
+    ids: list[str]  # one per row of x: file:line, file:index, image path, val:index
+    x: torch.Tensor  # (N, ...) as the model takes them
+    labels: list | None  # one per row ("" = unknown), or None
 
 
-def read_tensors(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
-    """(ids, inputs, labels or None) of a torch.save file: {"x": ..., "y": ...} or a tensor."""
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    x = blob.get("x") if isinstance(blob, dict) else blob
-    if not isinstance(x, torch.Tensor):
-        raise ConfigError(f"tensor file {str(path)!r} holds no tensor 'x' (nor is a tensor)")
-    if x.is_floating_point():
-        x = x.float()
-    if x.dim() == len(trained.io["input_shape"]):  # (N, H, W) grayscale: as tensor_files does
-        x = x.unsqueeze(1)
-    y = blob.get("y") if isinstance(blob, dict) else None
-    labels = _labels(y, trained) if isinstance(y, torch.Tensor) else None
-    return [f"{path}:{i}" for i in range(len(x))], x, labels
-
-
-def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.Tensor, list]:
-    """(ids, images (N, C, S, S), labels): each image read by the training dataset's own
-    decode(); its label is the name of its folder where that is one of the classes."""
-    meta = trained.meta
-    size = meta.get("image_size")
-    if not size or "mean" not in meta:
-        raise ConfigError(
-            f"checkpoint {trained.path!r} was not trained on image files (its data meta has no "
-            "image_size, mean and std); give it inputs like its training data"
-        )
-    mean = torch.tensor(meta["mean"]).view(-1, 1, 1)
-    std = torch.tensor(meta["std"]).view(-1, 1, 1)
-    images = [(decode(path, size) - mean) / std for path in paths]  # (3, S, S) each
-    classes = set(trained.classes or ())
-    labels = [p.parent.name if p.parent.name in classes else "" for p in paths]
-    return [str(p) for p in paths], torch.stack(images), labels
-
-
-def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:
-    """(ids, inputs, labels) of the training run's validation split."""
-    val = validation_set(trained)
-    xs, ys = zip(*(val[i] for i in range(len(val))), strict=True)
-    return (
-        [f"val:{i}" for i in range(len(val))],
-        torch.stack(xs),
-        _labels(torch.stack(ys), trained),
-    )
-
-
-def _labels(y: torch.Tensor, trained: Trained) -> list:
-    if trained.classes and not y.is_floating_point():
-        return [trained.classes[i] for i in y.view(-1).tolist()]
-    return [" ".join(f"{v:g}" for v in row) for row in y.view(len(y), -1).tolist()]
-
-
-def inputs_of(
-    names: list[str], trained: Trained
-) -> Iterator[tuple[list[str], torch.Tensor, list]]:
-    """One (ids, inputs, labels) per table or tensor file, and one for all images: the reader
-    is chosen by the file type; a folder stands for the images in it."""
+def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
+    """One Inputs per table or tensor file, and one for all images: the reader is chosen by
+    the file type; a folder stands for the images in it."""
     images = []
     for name in names:
-        path = Path(name)
+        path, suffix = Path(name), Path(name).suffix.lower()
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
             if not found:
@@ -130,11 +68,11 @@ def inputs_of(
             images += found
         elif not path.is_file():
             raise ConfigError(f"input {name!r} not found")
-        elif path.suffix.lower() == ".csv":
-            yield read_csv(path, trained)
-        elif path.suffix.lower() in (".pt", ".pth"):
-            yield read_tensors(path, trained)
-        elif path.suffix.lower() in IMAGE_SUFFIXES:
+        elif suffix == ".csv":
+            yield Inputs(f"CSV file {name!r}", *read_csv(path, trained))
+        elif suffix in (".pt", ".pth"):
+            yield Inputs(f"tensor file {name!r}", *read_tensors(path, trained))
+        elif suffix in IMAGE_SUFFIXES:
             images.append(path)
         else:
             raise ConfigError(
@@ -142,7 +80,59 @@ def inputs_of(
                 "images or folders of images (or --prompt for a language model)"
             )
     if images:
-        yield read_images(images, trained)
+        yield Inputs(f"image file {str(images[0])!r}", *read_images(images, trained))
+
+
+def check_options(
+    batch_size: int = 1, device: str = "auto", temperature: float = 1.0, top_k: int = 0
+) -> torch.device:
+    """Refuse option values that cannot run (as config.py refuses run.device); the device."""
+    if batch_size <= 0:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0 (0 picks the likeliest), got {temperature}")
+    if top_k < 0:
+        raise ConfigError(f"--top-k must be >= 0 (0 samples among all), got {top_k}")
+    index = device.removeprefix("cuda:")
+    if device not in ("auto", "cpu", "cuda", "mps") and not (device != index and index.isdigit()):
+        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+    try:
+        return resolve_device(device)
+    except ConfigError as exc:  # its message names the config key; here it is the option
+        raise ConfigError(str(exc).replace("run.device", "--device")) from None
+
+
+def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[Inputs]:
+    """Every input read and checked against the checkpoint's io before the model runs: the
+    readers check columns, values and labels; here the sample shape and dtype, and that
+    every value is finite."""
+    if names and split:
+        raise ConfigError(f"--split {split} reads the run's own split: leave out {names[0]!r}")
+    if not names and not split:
+        raise ConfigError("no inputs given: pass files or folders, --split val, or --prompt")
+    sources = [Inputs("the validation split", *read_split(trained))] if split else []
+    sources += inputs_of(names, trained)
+    io = trained.io
+    floats = getattr(torch, io["input_dtype"]).is_floating_point
+    shape = tuple(io["input_shape"])
+    fix = "x.float() (x.float() / 255 for 8-bit images)" if floats else "x.long()"
+    for name, ids, x, _ in sources:
+        if len(x) == 0:
+            raise ConfigError(f"{name} holds no inputs; give it at least one")
+        if x.is_floating_point() != floats or x.dtype == torch.bool or x.is_complex():
+            raise ConfigError(
+                f"{name}: x is {str(x.dtype).removeprefix('torch.')}, the model takes "
+                f"{io['input_dtype']}; convert it once, e.g. {fix}"
+            )
+        if tuple(x.shape[1:]) != shape:
+            raise ConfigError(
+                f"{name}: inputs of shape {tuple(x.shape[1:])}, the model takes {shape} "
+                "(x is (N, *shape)); give inputs like its training data"
+            )
+        if floats and not torch.isfinite(x).all():
+            bad = ids[int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])]
+            raise ConfigError(f"{name}: input {bad} holds nan or inf; fix or drop it")
+    return sources
 
 
 @torch.inference_mode()
@@ -175,18 +165,16 @@ def predict(
 ) -> dict:
     """Predict every input; write the CSV to `out` (stdout when None). Returns
     {"rows": n, "accuracy": of labelled classification rows, else None}."""
+    target = check_options(batch_size, device)
     trained = load_trained(checkpoint)
     if trained.cfg.task.name == "language_model":
         raise ConfigError(f"checkpoint {checkpoint!r} is a language model: pass --prompt TEXT")
-    if not inputs and not split:
-        raise ConfigError("no inputs given: pass files or folders, --split val, or --prompt")
-    target = resolve_device(device)
-    sources = [read_split(trained)] if split else inputs_of(inputs, trained)
+    sources = check_inputs(trained, inputs, split)
     outputs = trained.io["num_outputs"]
     values = ["prediction"] if outputs == 1 else [f"prediction_{i}" for i in range(outputs)]
     header = ["prediction", "probability"] if trained.classes else values
     table, correct, labelled = [], 0, 0
-    for ids, x, labels in sources:
+    for _, ids, x, labels in sources:
         for i, row in enumerate(predict_rows(trained, x, target, batch_size)):
             label = labels[i] if labels else ""
             table.append([ids[i], *row, label])
@@ -198,11 +186,21 @@ def predict(
     writer.writerow(["input", *header, "label"])
     writer.writerows(table)
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(buffer.getvalue())
+        _replace(Path(out), buffer.getvalue())
     else:
         sys.stdout.write(buffer.getvalue())
     return {"rows": len(table), "accuracy": correct / labelled if labelled else None}
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` in one step: a failed write leaves the old file as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def generate(
@@ -214,6 +212,9 @@ def generate(
     device: str = "auto",
 ) -> str:
     """The prompt continued by `tokens` tokens of the checkpoint's language model."""
+    if tokens < 0:
+        raise ConfigError(f"--tokens must be >= 0, got {tokens}")
+    target = check_options(device=device, temperature=temperature, top_k=top_k)
     trained = load_trained(checkpoint)
     vocab = trained.meta.get("vocab") or trained.meta.get("vocabulary")
     if not vocab or not hasattr(trained.model, "generate"):
@@ -224,9 +225,11 @@ def generate(
     index = {token: i for i, token in enumerate(vocab)}
     unknown = next((c for c in prompt if c not in index), None)
     if unknown is not None or not prompt:
-        what = f"the character {unknown!r}" if prompt else "nothing"
-        raise UserError(f"the prompt holds {what}, which the model's vocabulary lacks")
-    target = resolve_device(device)
+        what = f"the character {unknown!r}, which the model's vocabulary lacks" if prompt else ""
+        raise ConfigError(
+            f"--prompt holds {what or 'nothing'}; use characters of its training text "
+            f"({''.join(vocab)[:60]!r})"
+        )
     idx = torch.tensor([[index[c] for c in prompt]], device=target)
     out = trained.model.to(target).generate(idx, tokens, temperature=temperature, top_k=top_k)
     return "".join(vocab[i] for i in out[0].tolist())

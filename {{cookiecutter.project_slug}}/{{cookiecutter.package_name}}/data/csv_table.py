@@ -18,6 +18,7 @@ of the training rows (`target_mean`, `target_std` in the meta; see data/__init__
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -100,6 +101,12 @@ def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Te
     if len(rows) < 2:
         raise ConfigError(f"CSV file {str(path)!r} needs a header row and at least one data row")
     header = [name.strip() for name in rows[0]]
+    # A repeated name would read the first column's data twice and drop the second's.
+    twice = next((name for name, n in Counter(header).items() if n > 1), None)
+    if twice is not None:
+        raise ConfigError(
+            f"CSV file {str(path)!r} has the column {twice[:40]!r} twice; rename or drop one"
+        )
     if opts.label not in header:
         raise ConfigError(
             f"CSV file {str(path)!r} has no column {opts.label!r} (columns: "

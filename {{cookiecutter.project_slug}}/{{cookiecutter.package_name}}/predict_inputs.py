@@ -1,0 +1,220 @@
+"""Readers of predict.py's inputs: each turns files into (ids, inputs, labels) with the
+preprocessing saved in the checkpoint's data meta, and refuses what it cannot read right
+(columns, values, labels the model does not know) on one line naming the file, row and column.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from .data.image_folder import decode
+from .errors import ConfigError
+from .inference import Trained, validation_set
+
+SAVE = "the inputs with torch.save, in a dict with the key 'x'"
+FIELD_LIMIT = 65536  # characters in one CSV field: more is an unclosed quote, not a number
+
+
+def _short(value: str, limit: int = 40) -> str:
+    """A quoted value short enough for a one-line message."""
+    return repr(value if len(value) <= limit else value[: limit - 3] + "...")
+
+
+def _table(path: Path) -> tuple[list[str], list[list[str]]]:
+    """(header, non-blank rows) of a CSV file: UTF-8, fields bounded, column names unique."""
+    name, limit = f"CSV file {str(path)!r}", csv.field_size_limit(FIELD_LIMIT)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            rows = [row for row in csv.reader(f) if row]
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name} is not UTF-8 text; save it as UTF-8") from None
+    except csv.Error as exc:
+        raise ConfigError(
+            f"{name} cannot be read ({str(exc)[:80]}): a field over {FIELD_LIMIT} characters "
+            "is an unclosed quote or not a table; fix the file"
+        ) from None
+    finally:
+        csv.field_size_limit(limit)
+    if len(rows) < 2:
+        raise ConfigError(f"{name} needs a header row and at least one data row")
+    header = [column.strip() for column in rows[0]]
+    twice = next((c for c, n in Counter(header).items() if n > 1), None)
+    if twice is not None:
+        raise ConfigError(f"{name} has the column {_short(twice)} twice; rename or drop one")
+    return header, rows[1:]
+
+
+def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
+    """(ids, inputs (N, F), labels or None) of a table with the training table's columns."""
+    meta, name = trained.meta, f"CSV file {str(path)!r}"
+    if "features" not in meta:
+        raise ConfigError(
+            f"{name}: checkpoint {trained.path!r} was not trained on a CSV table (its data "
+            "meta names no feature columns); give it inputs like its training data"
+        )
+    header, rows = _table(path)
+    missing = [c for c in meta["features"] if c not in header]
+    if missing:
+        raise ConfigError(
+            f"{name} lacks the feature column {missing[0]!r} the model was trained on (it "
+            f"needs {', '.join(meta['features'])})"
+        )
+    at = {column: i for i, column in enumerate(header)}
+    columns, values = [at[c] for c in meta["features"]], []
+    for line, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise ConfigError(
+                f"{name} line {line} has {len(row)} fields, the header {len(header)}; fix that row"
+            )
+        values.append([_number(row[i], name, line, header[i]) for i in columns])
+    x = torch.tensor(values, dtype=torch.float32)
+    x = (x - torch.tensor(meta["mean"])) / torch.tensor(meta["std"])
+    label = meta.get("label")
+    labels = [row[at[label]].strip() for row in rows] if label in at else None
+    if labels is not None:
+        _check_labels(labels, meta.get("classes"), name, label)
+    return [f"{path}:{i + 2}" for i in range(len(rows))], x, labels  # ids: file:line
+
+
+def _number(text: str, name: str, line: int, column: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"{name} line {line}: column {column!r} holds {_short(text)}, not a number; "
+            "fill or drop that value"
+        ) from None
+    if not math.isfinite(value):
+        raise ConfigError(
+            f"{name} line {line}: column {column!r} holds {_short(text)}; nan and inf are "
+            "not predicted: fill or drop that value"
+        )
+    return value
+
+
+def _check_labels(labels: list[str], classes: list | None, name: str, column: str) -> None:
+    """Labels the model cannot score are refused: an accuracy against them would mislead."""
+    for line, label in enumerate(labels, start=2):
+        if label and classes and label not in classes:
+            raise ConfigError(
+                f"{name} line {line}: column {column!r} holds class {_short(label)}, which the "
+                f"model does not know ({', '.join(classes)[:200]}); fix it or drop the column"
+            )
+        if label and not classes and not _is_number(label):
+            raise ConfigError(
+                f"{name} line {line}: column {column!r} holds {_short(label)}, not a number "
+                "(the model predicts numbers); fix it or drop the column"
+            )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_tensors(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
+    """(ids, inputs, labels or None) of a torch.save file: {"x": ..., "y": ...} or a tensor."""
+    name = f"tensor file {str(path)!r}"
+    if "mean" in trained.meta or "features" in trained.meta:
+        kind = "a CSV table" if "features" in trained.meta else "image files"
+        raise ConfigError(
+            f"{name}: checkpoint {trained.path!r} was trained on {kind}, whose inputs it "
+            f"standardises; give it {kind} (a .pt file would skip that step)"
+        )
+    blob = _load(path, name)
+    x = blob.get("x") if isinstance(blob, dict) else blob
+    if not isinstance(x, torch.Tensor):
+        keys = sorted(map(str, blob))[:10] if isinstance(blob, dict) else type(blob).__name__
+        raise ConfigError(f"{name} holds {keys}, not a tensor 'x'; save {SAVE}")
+    if x.dtype in (torch.float64, torch.float16, torch.bfloat16):
+        x = x.float()  # as training reads tensor files
+    if x.dim() == len(trained.io["input_shape"]):  # (N, H, W) grayscale: as tensor_files does
+        x = x.unsqueeze(1)
+    y = blob.get("y") if isinstance(blob, dict) else None
+    labels = _labels(y, trained, name, len(x)) if y is not None else None
+    return [f"{path}:{i}" for i in range(len(x))], x, labels
+
+
+def _load(path: Path, name: str):
+    """torch.load with weights_only=True; a text, pickled or truncated file is one line."""
+    with path.open("rb") as f:
+        if f.read(2) not in (b"PK", b"\x80\x02"):  # torch.save's zip, or its legacy pickle
+            raise ConfigError(f"{name} is not a file written by torch.save; save {SAVE}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise  # unreadable (permissions): the entry point names the path and the fix
+    except pickle.UnpicklingError as exc:
+        if "weights only" in str(exc).lower():
+            raise ConfigError(
+                f"{name} holds pickled Python objects, which are not loaded (code could run); "
+                f"save plain tensors: {SAVE}"
+            ) from None
+        problem = "is not a file written by torch.save"
+    except Exception:  # text, not a zip archive, truncated: each fails differently
+        problem = "is not a file written by torch.save, or it is truncated"
+    raise ConfigError(f"{name} {problem}; save {SAVE}")
+
+
+def _labels(y, trained: Trained, name: str, n: int) -> list:
+    """Label texts of `y`: class names of a classifier's ids 0..K-1, else the values."""
+    if not isinstance(y, torch.Tensor) or len(y) != n or y.dtype in (torch.bool, torch.uint8):
+        what = f"{len(y)} labels" if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ConfigError(f"{name}: y is {what} for {n} inputs; give one label per input")
+    if trained.classes:
+        k = len(trained.classes)
+        if y.is_floating_point() or y.is_complex() or y.dim() != 1:
+            raise ConfigError(
+                f"{name}: y is {y.dtype} of shape {tuple(y.shape)}; the model is a classifier: "
+                f"give class ids 0..{k - 1}, shape (N,)"
+            )
+        if len(y) and not 0 <= int(y.min()) <= int(y.max()) < k:
+            bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+            raise ConfigError(
+                f"{name}: y holds class {bad}, but the model has classes 0..{k - 1} only; "
+                "fix the labels or leave y out"
+            )
+        return [trained.classes[i] for i in y.tolist()]
+    values = y.view(n, -1).tolist()
+    if values and len(values[0]) != trained.io["num_outputs"]:
+        raise ConfigError(
+            f"{name}: y has {len(values[0])} values per input, the model predicts "
+            f"{trained.io['num_outputs']}; fix the labels or leave y out"
+        )
+    return [" ".join(f"{v:g}" for v in row) for row in values]
+
+
+def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.Tensor, list]:
+    """(ids, images (N, C, S, S), labels): each image read by the training dataset's own
+    decode(); its label is the name of its folder where that is one of the classes."""
+    meta = trained.meta
+    size = meta.get("image_size")
+    if not size or "mean" not in meta:
+        raise ConfigError(
+            f"image file {str(paths[0])!r}: checkpoint {trained.path!r} was not trained on "
+            "image files (its data meta has no image_size, mean and std); give it inputs like "
+            "its training data"
+        )
+    mean = torch.tensor(meta["mean"]).view(-1, 1, 1)
+    std = torch.tensor(meta["std"]).view(-1, 1, 1)
+    images = [(decode(path, size) - mean) / std for path in paths]  # (3, S, S) each
+    classes = set(trained.classes or ())
+    labels = [p.parent.name if p.parent.name in classes else "" for p in paths]
+    return [str(p) for p in paths], torch.stack(images), labels
+
+
+def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:
+    """(ids, inputs, labels) of the training run's validation split."""
+    val = validation_set(trained)
+    xs, ys = zip(*(val[i] for i in range(len(val))), strict=True)
+    y = torch.stack(ys)
+    return [f"val:{i}" for i in range(len(val))], torch.stack(xs), _labels(y, trained, "", len(y))

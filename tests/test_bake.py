@@ -67,6 +67,7 @@ EXPECTED = {
     "PKG/inference.py",
     "PKG/predict.py",
     "PKG/export.py",
+    "PKG/serving.py",
     "PKG/optim.py",
     "PKG/sweep.py",
     "PKG/sweep_plan.py",

@@ -68,6 +68,7 @@ EXPECTED = {
     "PKG/predict.py",
     "PKG/predict_inputs.py",
     "PKG/export.py",
+    "PKG/serving.py",
     "PKG/optim.py",
     "PKG/sweep.py",
     "PKG/sweep_plan.py",

@@ -5,10 +5,12 @@ r"""Export a checkpoint's model for serving, checked against the eager model.
     python scripts/export.py --checkpoint checkpoints/default/best.pt --format torchscript \
         --out model.pt --atol 1e-5
 
-Writes the artifact (beside the checkpoint by default) and <artifact>.json: input shape and
-dtype, classes or vocabulary, preprocessing, task, format, parity result. ONNX needs
-pip install -e ".[export]". Exit codes: 0 done, 1 the export's outputs differ from the
-model's by more than --atol, 2 bad input or a model the format cannot export.
+Writes the artifact (beside the checkpoint by default) and <artifact>.json: what goes in (raw
+inputs: the training preprocessing is inside the artifact) and comes out (classes, target
+names, units), task, format, parity result; only once it passed the parity check, replacing
+the previous files by a rename. ONNX needs pip install -e ".[export]". Exit codes: 0 done,
+1 the export's outputs differ from the model's by more than --atol (nothing replaced), 2 bad
+input, a failed write or a model the format cannot export.
 """
 
 from {{ cookiecutter.package_name }}.cli import export_main

@@ -3,13 +3,19 @@ or a model the format cannot follow fails with a non-zero exit and one line."""
 
 from __future__ import annotations
 
+import csv
+import errno
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import ROOT, TINY
 from torch import nn
 
 from {{ cookiecutter.package_name }} import cli, export
@@ -43,7 +49,8 @@ def test_each_format_loads_back_and_matches_the_model(best, fmt, tmp_path):
     assert meta["format"] == fmt and meta["task"] == "classification"
     assert meta["input_shape"] == ["batch", 3, 8, 8] and meta["input_dtype"] == "float32"
     assert meta["classes"] == [f"angle_{c}" for c in range(4)]
-    assert meta["preprocessing"]["image_size"] == 8
+    assert meta["input"]["units"].startswith("the values of the training data's x")
+    assert meta["output"]["classes"] == meta["classes"] and meta["files"] == [out.name]
     parity = meta["parity"]
     assert parity["passed"] and parity["inputs"] == "validation" and parity["samples"] == 64
     # Another batch size than the one exported with: the batch dimension is dynamic.
@@ -54,8 +61,15 @@ def test_each_format_loads_back_and_matches_the_model(best, fmt, tmp_path):
     assert got.shape == (5, 4) and torch.allclose(got, expected, atol=1e-4)
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
-def test_a_broken_artifact_fails_the_parity_check(best, tmp_path, monkeypatch, capsys):
+def test_a_failed_parity_check_keeps_the_previous_artifact(best, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "model.pt"
+    assert run_export(best, "torchscript", out) == 0
+    before = snapshot(tmp_path)
     original = export.EXPORTERS["torchscript"]
 
     def export_then_corrupt(model, example, path):
@@ -66,13 +80,97 @@ def test_a_broken_artifact_fails_the_parity_check(best, tmp_path, monkeypatch, c
         torch.jit.save(artifact, str(path))
 
     monkeypatch.setitem(export.EXPORTERS, "torchscript", export_then_corrupt)
-    out = tmp_path / "model.pt"
+    capsys.readouterr()
     assert run_export(best, "torchscript", out) == 1
     err = capsys.readouterr().err
     assert "FAILED parity: max abs difference" in err and len(err.splitlines()) == 1
-    assert json.loads(out.with_name("model.pt.json").read_text())["parity"]["passed"] is False
+    assert snapshot(tmp_path) == before  # the good artifact and its JSON, nothing left over
     # A tolerance as loose as the damage lets it pass: the check is against --atol.
     assert run_export(best, "torchscript", out, "--atol", "1e6") == 0
+    assert json.loads((tmp_path / "model.pt.json").read_text())["parity"]["atol"] == 1e6
+
+
+def test_a_full_disk_keeps_the_previous_artifact(best, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "model.pt"
+    assert run_export(best, "torchscript", out) == 0
+    before = snapshot(tmp_path)
+
+    def full(fd):  # the data is written, the disk refuses it at fsync (as delayed allocation)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    capsys.readouterr()
+    assert run_export(best, "torchscript", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {str(out)!r}: No space left on device")
+    assert "unchanged); free space on that disk or choose another --out" in err
+    assert len(err.splitlines()) == 1 and snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_file_size_limit_keeps_the_previous_artifact(best, tmp_path):
+    """torch's own writers abort from C++ past the limit, leaving a truncated artifact."""
+    import resource
+
+    out = tmp_path / "model.pt"
+    assert run_export(best, "torchscript", out) == 0
+    before = snapshot(tmp_path)
+    assert len(before["model.pt"]) > 16384
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+    argv = ["--checkpoint", best, "--format", "torchscript", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "export.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: cannot write {str(out)!r}: File too large")
+    assert "ulimit -f" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert snapshot(tmp_path) == before
+
+
+def test_an_out_that_is_a_folder_is_named_not_blamed_on_the_model(best, tmp_path, capsys):
+    assert run_export(best, "onnx", tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {str(tmp_path)!r} is a folder; give a file name")
+    assert "try --format" not in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("error", [errno.EACCES, errno.EROFS])
+def test_an_unwritable_out_is_named_not_blamed_on_the_model(
+    best, tmp_path, monkeypatch, capsys, error
+):
+    # Made by refusing the first file-system write: the tests may run as root, which chmod
+    # does not stop.
+    def refuse(path, *args, **kwargs):
+        raise OSError(error, os.strerror(error), str(path))
+
+    monkeypatch.setattr(os, "mkdir", refuse)
+    out = tmp_path / "model.pt"
+    assert run_export(best, "torchscript", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {str(out)!r}: {os.strerror(error)}; choose a")
+    assert "--out" in err and "try --format" not in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("atol", ["nan", "-1"])
+def test_a_tolerance_that_is_not_one_is_refused_before_anything_runs(
+    best, tmp_path, monkeypatch, capsys, atol
+):
+    monkeypatch.setattr(export, "load_trained", lambda path: pytest.fail("it ran"))
+    assert run_export(best, "torchscript", tmp_path / "m.pt", "--atol", atol) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --atol {float(atol)} is not a tolerance; give a number >= 0")
+    assert list(tmp_path.iterdir()) == []
 
 
 class ValueBranch(nn.Module):
@@ -131,36 +229,151 @@ def test_onnx_without_onnxruntime_exports_with_a_note(best, tmp_path, monkeypatc
     assert len(out.splitlines()) == 1 and (tmp_path / "m.onnx").stat().st_size > 0
 
 
-def test_a_regression_artifact_answers_in_the_targets_units(tmp_path):
-    """The model learns standardised targets; the artifact must map back, as predict.py does,
-    so a serving team gets prices, not z-scores."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(160, 3, generator=g)
-    y = 1000 + 50 * x[:, 0] - 20 * x[:, 1]
-    rows = [
-        ",".join(f"{v:.4f}" for v in [*a, b]) for a, b in zip(x.tolist(), y.tolist(), strict=True)
-    ]
-    (tmp_path / "t.csv").write_text("a,b,c,price\n" + "\n".join(rows) + "\n")
+def test_an_onnx_file_alone_loads_elsewhere(best, tmp_path, capsys):
+    """The weights are inside the .onnx: a serving team can copy that one file."""
+    if not all(importlib.util.find_spec(m) for m in ONNX):
+        pytest.skip("needs the [export] extra: onnx, onnxscript, onnxruntime")
+    out = tmp_path / "model.onnx"
+    assert run_export(best, "onnx", out) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.json"]
+    assert json.loads((tmp_path / "model.onnx.json").read_text())["files"] == ["model.onnx"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(out, elsewhere)
+    trained = load_trained(best)
+    x = validation_inputs(trained, 5)
+    with torch.no_grad():
+        got, expected = export.run_artifact("onnx", elsewhere / "model.onnx", x), trained.model(x)
+    assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_an_onnx_model_too_large_to_embed_names_both_files(best, tmp_path, monkeypatch, capsys):
+    if not all(importlib.util.find_spec(m) for m in ONNX):
+        pytest.skip("needs the [export] extra: onnx, onnxscript, onnxruntime")
+    monkeypatch.setattr(export, "EMBED_LIMIT", 0)  # as if the weights were over 2 GB
+    out = tmp_path / "model.onnx"
+    assert run_export(best, "onnx", out) == 0
+    assert (
+        "wrote " + str(out) + " + model.onnx.data (keep them together)" in capsys.readouterr().out
+    )
+    meta = json.loads((tmp_path / "model.onnx.json").read_text())
+    assert meta["files"] == ["model.onnx", "model.onnx.data"] and meta["parity"]["passed"]
+    # Exported again, small enough: the old weights file goes, not to be mistaken for it.
+    monkeypatch.undo()
+    assert run_export(best, "onnx", out) == 0
+    assert not (tmp_path / "model.onnx.data").exists()
+
+
+def train_on_table(tmp_path: Path, header: str, rows: list, task: str) -> str:
+    (tmp_path / "t.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
     cfg = [
         "data.name=csv",
         f"data.path={tmp_path / 't.csv'}",
-        "data.label=price",
+        "data.label=y",
         "model.name=mlp",
-        "model.width=8",
-        "task.name=regression",
-        "train.epochs=1",
+        "model.width=16",
+        f"task.name={task}",
+        "train.epochs=4",
         "train.batch_size=16",
+        "train.warmup_steps=2",
         "run.loggers=[csv]",
         "run.device=cpu",
         f"run.output_dir={tmp_path}",
     ]
     fit(load_config(None, cfg))
-    best, out = str(tmp_path / "default" / "best.pt"), tmp_path / "m.torchscript.pt"
-    assert run_export(best, "torchscript", out) == 0
-    trained = load_trained(best)
-    inputs = validation_inputs(trained, 8)
+    return str(tmp_path / "default" / "best.pt")
+
+
+def artifact_and_predict(best: str, fmt: str, tmp_path: Path):
+    """(the artifact's outputs for the raw rows of t.csv, predict.py's CSV rows for them)."""
+    if fmt == "onnx" and not all(importlib.util.find_spec(m) for m in ONNX):
+        pytest.skip("needs the [export] extra: onnx, onnxscript, onnxruntime")
+    out = tmp_path / f"m{export.SUFFIXES[fmt]}"
+    assert run_export(best, fmt, out) == 0
+    meta = json.loads(out.with_name(out.name + ".json").read_text())
+    assert meta["input"]["units"].startswith("raw CSV columns a, b, c in this order")
+    with (tmp_path / "t.csv").open(newline="") as f:
+        raw = torch.tensor([[float(r[c]) for c in "abc"] for r in csv.DictReader(f)])
+    assert (
+        cli.predict_main(
+            ["--checkpoint", best, str(tmp_path / "t.csv"), "--out", str(tmp_path / "p.csv")]
+        )
+        == 0
+    )
+    with (tmp_path / "p.csv").open(newline="") as f:
+        predicted = list(csv.DictReader(f))
     with torch.no_grad():
-        got = export.run_artifact("torchscript", out, inputs)
-        expected = trained.task.decode(trained.model(inputs)).float()
-    assert torch.allclose(got, expected, atol=1e-3)
+        return export.run_artifact(fmt, out, raw), predicted, meta
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_raw_csv_rows_get_the_predictions_of_predict_py(tmp_path, fmt):
+    """Features far from 0 and 1: without the standardisation inside, raw rows come out as
+    one class (0.86 accuracy instead of 0.97 in the issue)."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(200, 3, generator=g)
+    x = z * torch.tensor([50.0, 10.0, 0.001]) + torch.tensor([1000.0, -300.0, 0.01])
+    labels = ["yes" if a + b > 0 else "no" for a, b, _ in z.tolist()]
+    rows = [
+        f"{a:.4f},{b:.4f},{c:.6f},{y}" for (a, b, c), y in zip(x.tolist(), labels, strict=True)
+    ]
+    best = train_on_table(tmp_path, "a,b,c,y", rows, "classification")
+    logits, predicted, meta = artifact_and_predict(best, fmt, tmp_path)
+    assert meta["output"]["classes"] == ["no", "yes"]
+    classes = [meta["output"]["classes"][i] for i in logits.argmax(1).tolist()]
+    assert classes == [row["prediction"] for row in predicted]
+    probability = torch.tensor([float(row["probability"]) for row in predicted])
+    assert torch.allclose(logits.softmax(1).max(1).values, probability, atol=1e-4)
+
+
+def test_a_regression_artifact_answers_in_the_targets_units(tmp_path):
+    """The model learns standardised targets; the artifact must map back, as predict.py does,
+    so a serving team gets prices, not z-scores."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(160, 3, generator=g) * 20 + 100
+    y = 1000 + 50 * x[:, 0] - 20 * x[:, 1]
+    rows = [
+        ",".join(f"{v:.4f}" for v in [*a, b]) for a, b in zip(x.tolist(), y.tolist(), strict=True)
+    ]
+    best = train_on_table(tmp_path, "a,b,c,y", rows, "regression")
+    got, predicted, meta = artifact_and_predict(best, "torchscript", tmp_path)
+    assert meta["output"]["targets"] == ["y"]
+    expected = torch.tensor([float(row["prediction"]) for row in predicted])
+    assert torch.allclose(got.view(-1), expected, rtol=1e-5, atol=1e-3)
     assert got.mean() > 500  # in the targets' units (around 1000), not standardised (around 0)
+
+
+def test_an_image_artifact_takes_images_scaled_to_0_1(tmp_path):
+    from test_image_folder import write_images
+
+    from {{ cookiecutter.package_name }}.data.image_folder import decode
+
+    for name in ("a", "b"):
+        write_images(tmp_path / "images" / name, 8, seed=len(name) + ord(name))
+    cfg = [
+        "data.name=image_folder",
+        f"data.root={tmp_path / 'images'}",
+        "data.image_size=8",
+        "data.mean=0.2,0.3,0.4",
+        "data.std=0.1,0.2,0.3",
+        "model.width=8",
+        "train.max_steps=1",
+        "train.batch_size=4",
+        "run.loggers=[csv]",
+        "run.device=cpu",
+        f"run.output_dir={tmp_path}",
+    ]
+    fit(load_config(None, cfg))
+    best, out = str(tmp_path / "default" / "best.pt"), tmp_path / "m.pt2"
+    assert run_export(best, "export", out) == 0
+    units = json.loads((tmp_path / "m.pt2.json").read_text())["input"]["units"]
+    assert "resized to 8x8" in units and "resizing is not in the artifact" in units
+    raw = torch.stack([decode(p, 8) for p in sorted((tmp_path / "images").rglob("*.png"))])
+    mean, std = (
+        torch.tensor([0.2, 0.3, 0.4]).view(3, 1, 1),
+        torch.tensor([0.1, 0.2, 0.3]).view(3, 1, 1),
+    )
+    with torch.no_grad():
+        got = export.run_artifact("export", out, raw)
+        expected = load_trained(best).model((raw - mean) / std)
+    assert torch.allclose(got, expected, atol=1e-4)

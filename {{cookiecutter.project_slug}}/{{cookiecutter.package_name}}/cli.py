@@ -225,6 +225,8 @@ def export_main(argv: list[str] | None = None) -> int:
         meta = export(args.checkpoint, args.format, args.out, args.atol)
         parity, where = meta["parity"], f"{Path(meta['checkpoint']).parent}/{meta['file']}"
         where = args.out or where
+        if len(meta["files"]) > 1:  # ONNX over 2 GB: the weights are a second file
+            where += f" + {' + '.join(meta['files'][1:])} (keep them together)"
         if "note" in parity:
             print(f"wrote {where} (+ .json); parity: {parity['note']}")
             return 0
@@ -233,7 +235,11 @@ def export_main(argv: list[str] | None = None) -> int:
             f"{parity['inputs']} inputs (atol {parity['atol']:g})"
         )
         if not parity["passed"]:
-            print(f"error: {args.format} export of {where} FAILED parity: {line}", file=sys.stderr)
+            print(
+                f"error: {args.format} export of {where} FAILED parity: {line}; nothing written, "
+                "any previous file is unchanged",
+                file=sys.stderr,
+            )
             return 1
         print(f"wrote {where} (+ .json): {line}")
         return 0

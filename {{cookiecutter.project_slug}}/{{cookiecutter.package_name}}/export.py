@@ -1,11 +1,18 @@
 """Export a checkpoint's model for serving: TorchScript (traced), torch.export (.pt2) or ONNX,
 each with a dynamic batch dimension, written beside the checkpoint by default.
 
+The artifact is self-contained: it takes raw inputs (CSV columns as they are in the table,
+images scaled to [0, 1]) and answers in the user's units, because the preprocessing the model
+was trained with (feature standardisation, image normalisation, regression's map back from
+standardised targets) is part of the exported graph. ONNX weights are embedded in the one
+file below 1.5 GB (protobuf's 2 GB cap); a larger model gets `<name>.data` beside it.
+
 Every export is checked against the eager model: the written file is loaded back and run on
 real validation samples (the split rebuilt from the checkpoint's config and meta, as
 evaluate.py does), and the largest absolute difference of the outputs must stay within
-`atol`. A JSON file beside the artifact says how to feed it: input shape and dtype, classes
-or vocabulary, the preprocessing meta, the task, the format and the parity result.
+`atol`. Only an artifact that passed replaces the previous one: it is written in memory,
+then to a hidden folder beside the target, fsynced, checked and renamed over it, its JSON
+after it (what goes in and comes out, classes or vocabulary, task, format, parity result).
 
 ONNX needs the optional extra (pip install -e ".[export]": onnx, onnxscript; onnxruntime
 runs the parity check, which is skipped with a note without it).
@@ -14,23 +21,31 @@ runs the parity check, which is skipped with a note without it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import io
 import json
 import logging
+import math
+import os
 import re
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .checkpoint import fsync_dir
 from .errors import UserError, first_line
 from .inference import Trained, load_trained, validation_inputs
+from .serving import Serving, contract, serving_model
 
 SUFFIXES = {"torchscript": ".torchscript.pt", "export": ".pt2", "onnx": ".onnx"}
 ALTERNATIVES = {"torchscript": "export", "export": "torchscript", "onnx": "export"}
 SAMPLES = 64  # validation inputs the parity check runs
+EMBED_LIMIT = 1536 * 2**20  # weights up to this size go inside the .onnx (torch's own margin)
 
 
 class ExportError(UserError):
@@ -45,12 +60,16 @@ def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> N
     # Tracing records the ops run on `example`: shapes flow from the input, so other batch
     # sizes work; Python control flow on values is frozen (torch.export reports it instead).
     traced = torch.jit.trace(model, example)
-    torch.jit.save(traced, str(path))
+    buffer = io.BytesIO()  # serialised in memory: torch's own file writer aborts on a full disk
+    torch.jit.save(traced, buffer)
+    write_bytes(path, buffer.getvalue())
 
 
 def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> None:
     program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
-    torch.export.save(program, str(path))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    write_bytes(path, buffer.getvalue())
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
@@ -60,15 +79,27 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
             f"--format onnx needs {' and '.join(missing)}: pip install -e '.[export]' (or use "
             "--format export)"
         )
-    torch.onnx.export(
+    program = torch.onnx.export(
         model,
         (example,),
-        str(path),
         dynamo=True,
         input_names=["input"],
         output_names=["output"],
         dynamic_shapes=(_batch_dim(),),
     )
+    size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if size <= EMBED_LIMIT:  # one file: the weights inside the protobuf
+        write_bytes(path, program.model_proto.SerializeToString())
+    else:  # protobuf caps a file at 2 GB: the weights go to <name>.data beside it
+        program.save(str(path), external_data=True)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write and fsync in Python, where a full disk or a file-size limit is an OSError."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @contextlib.contextmanager
@@ -113,72 +144,105 @@ def run_artifact(fmt: str, path: Path, x: torch.Tensor) -> torch.Tensor | None:
 
 
 def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4) -> dict:
-    """Export, check parity, write the metadata JSON; returns that metadata. Raises
-    ExportError (one line naming the construct and another format) when export fails."""
-    trained = load_trained(checkpoint)
+    """Export, check parity, and only then put the artifact and its metadata JSON in place;
+    returns that metadata. Raises ExportError (one line naming the construct and another
+    format) when export fails, UserError for a bad --atol or --out or a failed write."""
+    if not math.isfinite(atol) or atol < 0:  # nan would pass nothing, yet report a diff of 0
+        raise UserError(f"--atol {atol} is not a tolerance; give a number >= 0, e.g. 1e-4")
     path = Path(out) if out else _default_path(Path(checkpoint), fmt)
-    x, source = _parity_inputs(trained)
+    if path.is_dir():
+        raise UserError(
+            f"--out {str(path)!r} is a folder; give a file name, e.g. "
+            f"--out {path / (Path(checkpoint).stem + SUFFIXES[fmt])}"
+        )
+    trained = load_trained(checkpoint)
     model = serving_model(trained)
+    x, source = _parity_inputs(trained, model)
     with torch.no_grad():
         expected = model(x)  # before exporting: what the artifact must reproduce
     example = x[:2] if len(x) >= 2 else torch.cat([x, x])  # batch 2: not specialised to 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with _quiet():
-            EXPORTERS[fmt](model, example, path)
-    except ExportError:
-        raise
-    except Exception as exc:  # each exporter fails its own way; one line names the cause
-        raise ExportError(_failure_line(fmt, trained, exc)) from exc
-    with torch.no_grad():
-        got = run_artifact(fmt, path, x)
-    parity: dict = {"inputs": source, "samples": len(x), "atol": atol}
-    if got is None:
-        parity["note"] = "onnxruntime is not installed: not checked (pip install onnxruntime)"
-    else:
-        diff = (got.float() - expected.float()).abs().max().item()
-        parity |= {"max_abs_diff": diff, "passed": diff <= atol}
-    meta = _metadata(trained, fmt, path, parity)
-    path.with_name(path.name + ".json").write_text(json.dumps(meta, indent=2))
+    with _writing(path) as staged:
+        _export(fmt, trained, model, example, staged / path.name)
+        with torch.no_grad():
+            got = run_artifact(fmt, staged / path.name, x)
+        parity: dict = {"inputs": source, "samples": len(x), "atol": atol}
+        if got is None:
+            parity["note"] = "onnxruntime is not installed: not checked (pip install onnxruntime)"
+        else:
+            diff = (got.float() - expected.float()).abs().max().item()
+            parity |= {"max_abs_diff": diff, "passed": diff <= atol}
+        files = sorted(f.name for f in staged.iterdir())  # the artifact, ONNX's .data file
+        meta = _metadata(trained, fmt, path, parity) | {"files": files}
+        if parity.get("passed", True):  # a failed artifact goes with the staging folder
+            write_bytes(staged / f"{path.name}.json", json.dumps(meta, indent=2).encode())
+            _publish(staged, path, files)
     return meta
 
 
-class _InTargetUnits(nn.Module):
-    """A regression model with the task's decode inside (outputs * std + mean of the
-    training targets): the artifact answers in the targets' own units, as predict.py does."""
-
-    def __init__(self, model: nn.Module, mean: torch.Tensor, std: torch.Tensor):
-        super().__init__()
-        self.model = model
-        self.register_buffer("mean", mean.float())
-        self.register_buffer("std", std.float())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x) * self.std + self.mean  # (N, T) * (T,) + (T,)
+def _export(fmt: str, trained: Trained, model: nn.Module, example, path: Path) -> None:
+    try:
+        with _quiet():
+            EXPORTERS[fmt](model, example, path)
+    except (ExportError, OSError):  # a write that failed is not the model's fault
+        raise
+    except Exception as exc:  # each exporter fails its own way; one line names the cause
+        raise ExportError(_failure_line(fmt, trained, exc)) from exc
 
 
-def serving_model(trained: Trained) -> nn.Module:
-    """What the artifact computes: the model, mapped back to the targets' units for
-    regression (which learns standardised targets)."""
-    if trained.cfg.task.name != "regression":
-        return trained.model
-    return _InTargetUnits(trained.model, trained.task.mean, trained.task.std).eval()
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space on that disk or choose another --out",
+    errno.EDQUOT: "free space within your quota or choose another --out",
+    errno.EFBIG: "raise the file-size limit (ulimit -f) or choose another --out",
+    errno.ENAMETOOLONG: "choose a shorter --out",
+    errno.ENOTDIR: "a part of that path is a file, not a folder: choose another --out",
+}
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """A hidden folder beside `path` to write the new files in, removed at the end whatever
+    happens; a file-system refusal becomes one line naming `path`, which is left as it was."""
+    staged = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp", dir=path.parent))
+        yield staged
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        fix = _WRITE_FIXES.get(exc.errno, "choose a folder you may write to with --out")
+        kept = " (the previous file is unchanged)" if path.is_file() else ""
+        raise UserError(f"cannot write {str(path)!r}: {reason}{kept}; {fix}") from None
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+
+
+def _publish(staged: Path, path: Path, files: list[str]) -> None:
+    """Rename the checked files over the old ones: side files, the artifact, then its JSON."""
+    for name in sorted(files, key=lambda n: n == path.name):
+        os.replace(staged / name, path.with_name(name))
+    os.replace(staged / f"{path.name}.json", path.with_name(f"{path.name}.json"))
+    stale = path.with_name(f"{path.name}.data")  # weights of an earlier, larger ONNX export
+    if stale.name not in files and path.suffix == ".onnx":
+        stale.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 def _default_path(checkpoint: Path, fmt: str) -> Path:
     return checkpoint.with_name(checkpoint.stem + SUFFIXES[fmt])
 
 
-def _parity_inputs(trained: Trained) -> tuple[torch.Tensor, str]:
-    """Real validation inputs, or (when the data is not here) random ones of the saved shape."""
+def _parity_inputs(trained: Trained, model: Serving) -> tuple[torch.Tensor, str]:
+    """Real validation inputs, or (when the data is not here) random ones of the saved shape;
+    raw, as a caller gives them to the artifact."""
     try:
-        return validation_inputs(trained, SAMPLES), "validation"
+        return model.raw(validation_inputs(trained, SAMPLES)), "validation"
     except UserError:
         shape, dtype = (SAMPLES, *trained.io["input_shape"]), trained.io["input_dtype"]
         g = torch.Generator().manual_seed(0)
         if dtype.startswith("int"):
             return torch.randint(trained.io["num_outputs"], shape, generator=g), "random"
-        return torch.randn(shape, generator=g), "random"
+        return model.raw(torch.randn(shape, generator=g)), "random"
 
 
 def _failure_line(fmt: str, trained: Trained, exc: Exception) -> str:
@@ -208,9 +272,6 @@ def _failure_line(fmt: str, trained: Trained, exc: Exception) -> str:
 
 
 def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
-    preprocessing = {
-        k: v for k, v in trained.meta.items() if k not in ("classes", "vocab", "split")
-    }
     return {
         "format": fmt,
         "file": path.name,
@@ -222,7 +283,7 @@ def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
         "num_outputs": trained.io["num_outputs"],
         "classes": trained.classes,
         "vocab": trained.meta.get("vocab"),
-        "preprocessing": preprocessing,
+        **contract(trained),
         "parity": parity,
         "torch": str(torch.__version__),
     }

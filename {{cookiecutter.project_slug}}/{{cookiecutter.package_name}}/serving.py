@@ -1,0 +1,94 @@
+"""What an exported artifact computes and promises: the model with the preprocessing it was
+trained with around it, so a caller outside this project gives raw inputs and reads outputs in
+their own units; and the description of both that export.py writes into the artifact's JSON.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .inference import Trained
+
+
+class Serving(nn.Module):
+    """The model as a caller outside this project uses it: raw inputs standardised with the
+    training data's statistics (CSV columns, image channels), and outputs mapped back to the
+    targets' units for regression (which learns standardised targets), as predict.py does."""
+
+    def __init__(self, model: nn.Module, inputs=None, outputs=None):
+        super().__init__()
+        self.model = model
+        for prefix, stats in (("in", inputs), ("out", outputs)):
+            mean, std = (t.float() for t in stats) if stats else (None, None)
+            self.register_buffer(f"{prefix}_mean", mean)
+            self.register_buffer(f"{prefix}_std", std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_mean is not None:  # (N, F) - (F,), or (N, 3, S, S) - (3, 1, 1)
+            x = (x - self.in_mean) / self.in_std
+        y = self.model(x)
+        if self.out_mean is not None:
+            y = y * self.out_std + self.out_mean  # (N, T) * (T,) + (T,)
+        return y
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs (standardised) back to what a caller gives the artifact."""
+        return x if self.in_mean is None else x * self.in_std + self.in_mean
+
+
+def serving_model(trained: Trained) -> Serving:
+    """What the artifact computes: the model with its preprocessing and decoding around it."""
+    meta, inputs, outputs = trained.meta, None, None
+    if "mean" in meta and "std" in meta:  # CSV features (F,) or image channels (3,)
+        shape = (-1, 1, 1) if "image_size" in meta else (-1,)
+        inputs = (torch.tensor(meta["mean"]).view(shape), torch.tensor(meta["std"]).view(shape))
+    if trained.cfg.task.name == "regression":
+        outputs = (trained.task.mean, trained.task.std)
+    return Serving(trained.model, inputs, outputs).eval()
+
+
+def contract(trained: Trained) -> dict:
+    """What goes in and comes out of the artifact: names, shapes, dtypes, units."""
+    shape = ["batch", *trained.io["input_shape"]]
+    units = input_units(trained.meta)
+    return {
+        "input": {
+            "name": "input",
+            "shape": shape,
+            "dtype": trained.io["input_dtype"],
+            "units": units,
+        },
+        "output": output_spec(trained),
+    }
+
+
+def input_units(meta: dict) -> str:
+    """What a caller feeds the artifact: the preprocessing inside it is not theirs to do."""
+    inside = "the training data's standardisation is inside the artifact"
+    if "features" in meta:
+        return f"raw CSV columns {', '.join(meta['features'])} in this order, as numbers; {inside}"
+    if "image_size" in meta and "mean" in meta:
+        size = meta["image_size"]
+        return (
+            f"RGB images, channels first, resized to {size}x{size} (bilinear) and scaled to "
+            f"[0, 1] by the caller (resizing is not in the artifact); the normalisation (mean "
+            f"{meta['mean']}, std {meta['std']}) is inside the artifact"
+        )
+    if "vocab" in meta:
+        return "int64 token ids: positions in `vocab`, one character each"
+    return "the values of the training data's x as they are (nothing was learnt from them)"
+
+
+def output_spec(trained: Trained) -> dict:
+    shape, task = ["batch", trained.io["num_outputs"]], trained.cfg.task.name
+    if task == "classification":
+        units = "logits per class, in the order of `classes` (softmax gives probabilities)"
+        return {"name": "output", "shape": shape, "units": units, "classes": trained.classes}
+    if task == "regression":
+        label = trained.meta.get("label")
+        names = [label] if label and shape[1] == 1 else [f"target_{i}" for i in range(shape[1])]
+        units = "values per target in the targets' own units (the un-standardisation is inside)"
+        return {"name": "output", "shape": shape, "units": units, "targets": names}
+    units = "next-token logits per position over `vocab`"
+    return {"name": "output", "shape": ["batch", "positions", shape[1]], "units": units}

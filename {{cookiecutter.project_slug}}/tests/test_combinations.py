@@ -119,6 +119,16 @@ def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]
     return args
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_compile_cache(tmp_path_factory):
+    """torch.compile's cache in a folder of the suite's own, for this process and torchrun's:
+    a file left truncated in the shared one (a process killed while compiling) would fail
+    every later compile of that kernel, whichever test it is."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     """The demo data, cut down: 400 table rows, 6,000 characters of text, the 480 images."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .data.csv_table import is_number
 from .data.image_folder import decode
 from .errors import ConfigError
 from .inference import Trained, validation_set
@@ -106,19 +107,11 @@ def _check_labels(labels: list[str], classes: list | None, name: str, column: st
                 f"{name} line {line}: column {column!r} holds class {_short(label)}, which the "
                 f"model does not know ({', '.join(classes)[:200]}); fix it or drop the column"
             )
-        if label and not classes and not _is_number(label):
+        if label and not classes and not is_number(label):
             raise ConfigError(
                 f"{name} line {line}: column {column!r} holds {_short(label)}, not a number "
                 "(the model predicts numbers); fix it or drop the column"
             )
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def read_tensors(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:

@@ -133,7 +133,7 @@ def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Te
         try:
             values.append([float(row[i]) for i in columns])
         except ValueError:
-            bad = next(i for i in columns if not _is_number(row[i]))
+            bad = next(i for i in columns if not is_number(row[i]))
             raise ConfigError(
                 f"CSV file {str(path)!r} line {line}: column {header[bad]!r} holds "
                 f"{row[bad]!r}, not a number; fill or drop that value, or leave the column out "
@@ -147,7 +147,7 @@ def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Te
     return wanted, x, labels
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
     try:
         float(text)
     except ValueError:
@@ -157,7 +157,7 @@ def _is_number(text: str) -> bool:
 
 def _sorted_names(labels: list[str]) -> list[str]:
     names = set(labels)
-    numeric = all(_is_number(n) for n in names)
+    numeric = all(is_number(n) for n in names)
     return sorted(names, key=float) if numeric else sorted(names)
 
 
@@ -181,7 +181,7 @@ def _numbers(labels: list[str], path: Path, column: str) -> torch.Tensor:
     try:
         return torch.tensor([float(v) for v in labels], dtype=torch.float32)
     except ValueError:
-        bad = next(v for v in labels if not _is_number(v))
+        bad = next(v for v in labels if not is_number(v))
         raise ConfigError(
             f"CSV file {str(path)!r}: column {column!r} holds {bad!r}, not a number, and "
             "regression needs numeric targets (or use task.name=classification)"

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from conftest import ROOT, TINY, run_script, stop_after, tiny_with
 from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
@@ -254,13 +255,13 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
     shards, as a crash would leave it; resume=auto continues from step 2."""
     args = [*tiny, "train.strategy=fsdp", "model.name=mlp", "train.epochs=1"]
     assert fit(load_config(None, [*args, "train.max_steps=2"]))["step"] == 2
-    save = parallel.dcp.save
+    save = dcp.save  # what parallel.save_shards calls
 
     def crash(state, checkpoint_id):
         save({"model": state["model"]}, checkpoint_id=checkpoint_id)  # part of it
         raise OSError("simulated crash mid-save")
 
-    monkeypatch.setattr(parallel.dcp, "save", crash)
+    monkeypatch.setattr(dcp, "save", crash)
     with pytest.raises(OSError, match="simulated"):
         fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
     monkeypatch.undo()

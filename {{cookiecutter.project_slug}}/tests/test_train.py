@@ -220,6 +220,78 @@ def test_train_script_runs_from_the_command_line(tiny):
     assert "| cpu x 1 | CPU threads 1 | amp off |" in proc.stdout  # the run line
 
 
+# What only some runs use, each costing start-up time when imported: sharded checkpoints (DCP),
+# FSDP and DTensor (with sympy: over a second together), plots, ONNX, the trackers, TensorBoard
+# and the project's own tools.
+OPTIONAL = (
+    "torch.distributed.checkpoint",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed._composable",
+    "torch.utils.tensorboard",
+    "matplotlib",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "wandb",
+    "mlflow",
+    *(
+        f"{trainer.__package__}.{tool}"
+        for tool in ("compare", "export", "inference", "predict", "report", "sweep")
+    ),
+    f"{trainer.__package__}.sweep_plan",
+    f"{trainer.__package__}.sweep_report",
+)
+
+# In a fresh process: the modules loaded once a run is built (package imported, config loaded),
+# then once a hand-written loop took a step (torch's optimizer imports torch._dynamo, which
+# imports FSDP and DTensor: every torch loop pays that), then after a tiny plain run.
+_BUILD = """
+import json, sys
+from PKG import cli, trainer
+from PKG.config import load_config
+load_config(None, OVERRIDES)
+loaded = {"built": sorted(sys.modules)}
+"""
+_RUN = """
+import torch
+net = torch.nn.Linear(2, 1)
+optimizer = torch.optim.AdamW(net.parameters(), fused=True)
+net(torch.zeros(1, 2)).sum().backward()
+optimizer.step()
+loaded["loop"] = sorted(sys.modules)
+assert cli.train_main(OVERRIDES) == 0
+loaded["run"] = sorted(sys.modules)
+"""
+
+
+def _optional_loaded(code: str, overrides: list[str]) -> dict[str, set[str]]:
+    """{moment: the OPTIONAL modules loaded by then} of `code` run in a fresh process."""
+    code = code.replace("PKG", trainer.__package__).replace("OVERRIDES", repr(overrides))
+    proc = run_script("-c", code + "print(json.dumps(loaded))")
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        moment: {m for m in modules for o in OPTIONAL if m == o or m.startswith(o + ".")}
+        for moment, modules in loaded.items()
+    }
+
+
+def test_building_a_run_loads_no_optional_path(tiny):
+    assert _optional_loaded(_BUILD, tiny) == {"built": set()}
+
+
+@pytest.mark.slow
+def test_a_plain_run_loads_no_optional_path(tiny):
+    loaded = _optional_loaded(_BUILD + _RUN, [*tiny, "train.epochs=1", "run.threads=1"])
+    assert loaded["built"] == set()
+    # matplotlib draws curves.png at the epoch's end (see test_plots.py): the one optional path
+    # of a plain run, once it has trained.
+    drawn = (Path(run_dir(tiny)) / "curves.png").exists()
+    extra = loaded["run"] - loaded["loop"]
+    assert {m for m in extra if not (drawn and m.split(".")[0] == "matplotlib")} == set()
+
+
 @pytest.mark.parametrize(
     ("main", "example"),
     [

@@ -13,32 +13,23 @@ checkpoint file without them, naming the folder. The folder is written under a t
 and renamed, then rank 0 writes step-N.pt (run_folder.py): the checkpoint exists once that
 file does, so a crash mid-save leaves the previous one loadable. A different world size reads
 the same folder (DCP reshards); scripts/consolidate.py writes the full model to one file.
+
+FSDP, DTensor, DCP and activation checkpointing are imported inside the functions that use
+them: at the top of this file they cost every run about a second of start-up, fsdp or not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import warnings
 from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed._composable import checkpoint as checkpoint_activations
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (
-    CPUOffloadPolicy,
-    FSDPModule,
-    MixedPrecisionPolicy,
-    OffloadPolicy,
-    fully_shard,
-)
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, distributed
@@ -63,10 +54,20 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
         )
     found = blocks(model)
     if train.activation_checkpointing:
+        from torch.distributed._composable import checkpoint as checkpoint_activations
+
         for block in found:
             checkpoint_activations(block)  # composable: parameter names stay as they were
     if train.strategy != "fsdp":
         return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
     if not dist.is_initialized():
         # One process without torchrun: a one-rank group, so that fsdp trains, saves and
         # resumes the same way on one process as on many (and reads their checkpoints).
@@ -101,6 +102,8 @@ def _shard_batch_norms(model: nn.Module, options: dict) -> None:
     674): FSDP's mixed precision casts parameters, not buffers, and batch_norm refuses bf16
     weights beside fp32 running statistics. Its input is not cast: batch_norm takes a bf16
     input with fp32 weights and returns bf16, what the next layer's bf16 weights expect."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     fp32 = MixedPrecisionPolicy(
         param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False
     )
@@ -175,7 +178,16 @@ def _empty(batch):
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    # Only fully_shard makes a sharded model, and it imported FSDP: while FSDP is not imported,
+    # no model is sharded, and a plain run does not import it to find that out.
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    # As is_sharded(): a DTensor exists only once torch.distributed.tensor was imported.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def no_sync(net: nn.Module, skip: bool):
@@ -183,13 +195,13 @@ def no_sync(net: nn.Module, skip: bool):
     gradients on each rank without reducing them across ranks."""
     if skip and isinstance(net, DistributedDataParallel):
         return net.no_sync()
-    if skip and isinstance(net, FSDPModule):
+    if skip and is_sharded(net):
         return _no_gradient_sync(net)
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _no_gradient_sync(net: FSDPModule):
+def _no_gradient_sync(net: nn.Module):  # an FSDPModule
     net.set_requires_gradient_sync(False)
     try:
         yield
@@ -202,7 +214,7 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> torch.Tensor
     DTensor (the gradients are sharded); the clipping used the global norm, returned here as a
     plain tensor equal on every rank."""
     norm = nn.utils.clip_grad_norm_(params, max_norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    return norm.full_tensor() if _is_dtensor(norm) else norm
 
 
 def memory_report(model: nn.Module) -> str:
@@ -223,6 +235,9 @@ def save_shards(model: nn.Module, optimizer, run_dir: Path, step: int) -> str | 
     checkpoint file to hold; None (and nothing written) when the model is not sharded."""
     if not is_sharded(model):
         return None
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     name = f"step-{step:08d}.dcp"
     final, tmp = run_dir / name, run_dir / f".{name}.tmp"
     if dist.get_rank() == 0:
@@ -251,6 +266,8 @@ def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
                 "train.init_from=<that file>"
             )
         return
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
         _read({"model": model_state, "optimizer": optimizer_state}, state["shards"])
@@ -269,6 +286,9 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     best.pt) to one plain file, with its config and progress, for scripts/evaluate.py and
     train.init_from. Runs in one process, no process group; holds the full model in memory
     (not the optimizer). Returns the file written: `out`, or <name>.full.pt beside `path`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     path = Path(path)
     head = checkpoint.load(path)
     if "shards" not in head:
@@ -294,6 +314,8 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
 def _read(state: dict, folder: str) -> None:
     """Fill `state` in place from the shard folder; each rank reads what its tensors hold. On
     one process without a group (ddp, consolidation) it reads everything."""
+    import torch.distributed.checkpoint as dcp
+
     with warnings.catch_warnings():  # DCP warns that no group is running: here it is meant
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
@@ -312,7 +334,7 @@ def _replace_folder(tmp: Path, final: Path) -> None:
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
-    return param.to_local() if isinstance(param, DTensor) else param
+    return param.to_local() if _is_dtensor(param) else param
 
 
 def _mb(size: int) -> str:

@@ -110,6 +110,51 @@ def test_workflow_commands_exist_in_the_project(bake):
                 assert args[0] == "python" and (project / args[1]).is_file(), line
 
 
+LAYERS = """import pytest
+
+
+def test_fast():
+    pass
+
+
+@pytest.mark.slow
+def test_slow():
+    pass
+"""
+
+
+def recipe(project: Path, target: str) -> list[str]:
+    """The command lines of a Makefile target."""
+    text = (project / "Makefile").read_text()
+    body = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", text, re.M).group(1)
+    return [line.strip() for line in body.splitlines()]
+
+
+def test_make_test_is_the_fast_layer_and_test_all_runs_everything(bake, tmp_path):
+    """The baked pyproject's addopts and each command's -m, run by pytest on one fast and one
+    slow test: `make test` (plain pytest) and the per-push CI job select the fast one only,
+    the weekly job the slow one, `make test-all` both."""
+    project = bake()
+    shutil.copy(project / "pyproject.toml", tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_layers.py").write_text(LAYERS)
+
+    def selected(args: list[str]) -> set[str]:
+        proc = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], tmp_path)
+        return {line.split("::")[1] for line in proc.stdout.splitlines() if "::" in line}
+
+    for target, expected in [("test", {"test_fast"}), ("test-all", {"test_fast", "test_slow"})]:
+        (line,) = recipe(project, target)
+        args = shlex.split(line)
+        assert args[:3] == ["$(PYTHON)", "-m", "pytest"], line
+        assert selected(args[3:]) == expected, line
+    assert recipe(project, "test-fast") == recipe(project, "test")
+    jobs = load_workflow(project)["jobs"]
+    for job, expected in [("test", {"test_fast"}), ("slow", {"test_slow"})]:
+        (line,) = [line for line in run_lines(jobs[job]) if " pytest" in line]
+        assert selected(shlex.split(line)[3:]) == expected, line
+
+
 def test_workflow_matches_the_github_schema(bake):
     project = bake()
     proc = run(

@@ -153,7 +153,9 @@ def load_last(run_dir: Path) -> dict:
 
 def check_tests(c: Check) -> str:
     """pytest tests/test_cuda.py, plus tests marked `cuda` elsewhere."""
-    out = c.python("-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py")
+    # Every test of the file, the slow ones too (pyproject's addopts deselect them).
+    options = ("-q", "-rs", "-p", "no:cacheprovider", "-m", "slow or not slow")
+    out = c.python("-m", "pytest", *options, "tests/test_cuda.py")
     summary = [pytest_summary(out)]
     tests = sorted((ROOT / "tests").glob("test_*.py"))
     files = [f"tests/{p.name}" for p in tests if "mark.cuda" in p.read_text()]

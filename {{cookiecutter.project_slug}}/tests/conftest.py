@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -42,8 +43,6 @@ def pytest_configure(config):
 def tiny_with(tiny: list[str], *extra: str) -> list[str]:
     """`tiny` plus `extra`; where `extra` chooses another dataset, model or task, without
     tiny's options that the new choice does not have (they would be refused)."""
-    import dataclasses
-
     from {{ cookiecutter.package_name }} import config
 
     chosen = dict(a.split("=", 1) for a in extra if a.split("=")[0].endswith(".name"))
@@ -128,6 +127,19 @@ def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: P
             **(env or {}),
         },
     )
+
+
+def missing_data_file(cfg, base: Path = Path()) -> str | None:
+    """`data.<key>=<path>` for the first file or folder that cfg's dataset options name and
+    that does not exist (a relative path from `base`, default the working directory), else
+    None."""
+    opts = cfg.data.options
+    for field in dataclasses.fields(opts) if dataclasses.is_dataclass(opts) else ():
+        value = getattr(opts, field.name)
+        named = field.name in ("path", "root") or field.name.endswith(("_path", "_root"))
+        if named and isinstance(value, str) and value and not (base / value).exists():
+            return f"data.{field.name}={value}"
+    return None
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

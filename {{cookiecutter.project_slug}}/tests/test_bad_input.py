@@ -186,7 +186,17 @@ BEFORE_WRITING = {
 }
 
 
-@pytest.mark.parametrize(("prepare", "message"), BEFORE_WRITING.values(), ids=list(BEFORE_WRITING))
+# Reading 2,000 levels of nesting takes seconds: make test-all.
+DEEP = {"value nested deep", "nested deep"}
+
+
+@pytest.mark.parametrize(
+    ("prepare", "message"),
+    [
+        pytest.param(*case, id=name, marks=[pytest.mark.slow] if name in DEEP else [])
+        for name, case in BEFORE_WRITING.items()
+    ],
+)
 def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, tiny, capsys, prepare, message):
     argv = tiny_with(tiny, *prepare(tmp_path))
     before = snapshot(tmp_path)
@@ -200,6 +210,7 @@ def test_tensor_file_message_states_the_expected_format(tmp_path, tiny, capsys):
     assert_one_line(*train(argv, capsys), FORMAT)
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_gives_one_line(tmp_path, tiny):
     """The script itself: exit status and stderr as a user sees them (torch's own message
     for pickled code is seven lines)."""
@@ -214,6 +225,7 @@ def test_debug_shows_the_traceback(tiny):
         cli.train_main([*tiny, "train.batch_size=0", "--debug"])
 
 
+@pytest.mark.slow
 def test_grayscale_float64_images_train_with_the_cnn(tmp_path, tiny, capsys):
     """sklearn's digits as saved from numpy: float64 (N, 8, 8) get float32 and a channel."""
     data = tensor_files({"x": torch.rand(64, 8, 8, dtype=torch.float64) * 16, "y": Y})(tmp_path)
@@ -260,6 +272,7 @@ FILESYSTEM = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("prepare", "message"), FILESYSTEM.values(), ids=list(FILESYSTEM))
 def test_file_system_refusals_give_one_line(tmp_path, tiny, capsys, prepare, message):
     argv = [*tiny, *prepare(tmp_path, tiny, capsys)]
@@ -288,6 +301,7 @@ def failing_save(fail_on: int):
     return save
 
 
+@pytest.mark.slow
 def test_full_disk_keeps_the_saved_checkpoints_and_the_run_resumes(
     tmp_path, tiny, capsys, monkeypatch
 ):
@@ -308,6 +322,7 @@ def test_full_disk_keeps_the_saved_checkpoints_and_the_run_resumes(
     assert checkpoint.load(in_runs(tmp_path, "default", "last.pt"))["progress"]["epoch"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
 def test_file_size_limit_gives_one_line_and_the_run_resumes(tmp_path, tiny, capsys, monkeypatch):
     import resource
@@ -375,6 +390,7 @@ def test_other_os_errors_keep_their_traceback(tiny, monkeypatch):
 # --- Evaluation ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_evaluate_on_data_that_does_not_fit_gives_one_line(tmp_path, tiny, capsys):
     data = tensor_files({"x": X, "y": Y})(tmp_path)
     assert train(tiny_with(tiny, *data, "train.max_steps=1"), capsys)[0] == 0

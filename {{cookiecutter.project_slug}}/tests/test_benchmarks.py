@@ -43,6 +43,7 @@ def test_suggestion_is_the_fewest_workers_within_10_percent_of_the_best():
     assert loader_bench.suggest({0: 100.0, 2: 91.0}) == 0
 
 
+@pytest.mark.slow
 def test_dataloader_benchmark_measures_each_worker_count_and_suggests_one():
     args = ["--workers", "0", "1", "--batches", "3", "--warmup", "1", "--repeats", "2"]
     done = run_script("scripts/benchmark_dataloader.py", *TINY, *args, "--json")
@@ -57,6 +58,7 @@ def test_dataloader_benchmark_measures_each_worker_count_and_suggests_one():
     assert result["suggested_num_workers"] in (0, 1)
 
 
+@pytest.mark.slow
 def test_dataloader_benchmark_prints_a_table_and_the_suggestion():
     done = run_script("scripts/benchmark_dataloader.py", *TINY, "--workers", "0", "--batches", "2")
     assert done.returncode == 0, done.stderr
@@ -70,6 +72,7 @@ def test_dataloader_benchmark_names_a_bad_key_in_one_line(capsys):
     assert err.strip() == "error: unknown config key 'data.nme' (did you mean 'data.name'?)"
 
 
+@pytest.mark.slow
 def test_dataloader_benchmark_reads_the_image_folder_example_with_workers(demo_data, capsys):
     config = str(CONFIGS / "experiments" / "image_folder.yaml")
     args = ["--config", config, "--workers", "0", "1", "--batches", "2", "--repeats", "1"]
@@ -107,6 +110,7 @@ def test_flop_count_is_the_matmul_count_and_scales_with_the_batch():
     assert double == 2 * (forward + backward)
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_runs_fp32_and_bf16_on_cpu_with_mfu_not_available():
     args = ["--steps", "2", "--warmup", "1", "--repeats", "1", "--compile", "off", "--json"]
     done = run_script("scripts/benchmark_gpu.py", *TINY, *args)

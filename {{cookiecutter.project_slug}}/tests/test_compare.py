@@ -94,6 +94,7 @@ def test_what_is_not_a_run_gets_one_line_and_exit_2(tmp_path, capsys, arg, messa
     assert not (tmp_path / "c.png").exists()
 
 
+@pytest.mark.slow
 def test_script_writes_compare_png_in_the_working_folder(three_runs, tmp_path):
     runs = [str(three_runs / "base"), str(three_runs / "fast")]
     script = str(ROOT / "scripts" / "compare_runs.py")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
-from conftest import CONFIGS
+from conftest import CONFIGS, ROOT, missing_data_file
 
 from {{ cookiecutter.package_name }}.config import Config, from_dict, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
@@ -13,19 +15,67 @@ from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks import TASKS, build_task
 
 ALL_FILES = sorted(CONFIGS.rglob("*.yaml"))
+# A user's experiment on their own table, which this checkout does not hold.
+WINE = """extends: ../default.yaml
+data:
+  name: csv
+  path: data/wine.csv
+  label: quality
+model:
+  name: mlp
+  width: 64
+task:
+  name: regression
+"""
 
 
 def test_default_yaml_mirrors_the_dataclass_defaults():
     assert yaml.safe_load((CONFIGS / "default.yaml").read_text()) == to_dict(Config())
 
 
-@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
-def test_every_config_file_loads_and_builds(path, demo_data):
-    cfg = load_config(path)  # demo_data: the working directory holds data/demo/
+def check_config_file(path: Path, monkeypatch, project: Path = ROOT) -> None:
+    """Load and validate `path` (needs no data), then build its data, task and model: from the
+    demo folder (the working directory, holding data/demo/), else from the project (where a
+    user keeps their own data); skipped, naming the file, when neither holds the data."""
+    cfg = load_config(path)
+    missing = missing_data_file(cfg)
+    if missing and not missing_data_file(cfg, project):
+        monkeypatch.chdir(project)
+    elif missing:
+        pytest.skip(
+            f"{path.name}: data file {missing} not found (demo folder or project): the "
+            "config loads and validates; its data, task and model are checked once it exists"
+        )
     train, _, _ = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
     task = build_task(cfg.task, getattr(train, "dataset", train))
     model = build_model(cfg.model, example_inputs(train), task.num_outputs)
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
+def test_every_config_file_loads_and_builds(path, demo_data, monkeypatch):
+    check_config_file(path, monkeypatch)
+
+
+def test_a_users_experiment_without_its_data_is_skipped_naming_the_file(
+    tmp_path, demo_data, monkeypatch
+):
+    """A user's own experiment file whose data is not here: skipped, not failed; an invalid
+    one still fails."""
+    experiments = tmp_path / "configs" / "experiments"
+    experiments.mkdir(parents=True)
+    (tmp_path / "configs" / "default.yaml").write_text((CONFIGS / "default.yaml").read_text())
+    wine = experiments / "wine.yaml"
+    wine.write_text(WINE)
+    with pytest.raises(pytest.skip.Exception, match=r"data\.path=data/wine\.csv not found"):
+        check_config_file(wine, monkeypatch)
+    # The same file where the user keeps the table: built from there.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "wine.csv").write_text("alcohol,acid,quality\n" + "9.5,0.7,5\n" * 8)
+    check_config_file(wine, monkeypatch, project=tmp_path)
+    wine.write_text(WINE.replace("width: 64", "widht: 64"))
+    with pytest.raises(ConfigError, match="did you mean 'model.width'"):
+        check_config_file(wine, monkeypatch)
 
 
 def test_experiment_file_extends_the_default_and_holds_only_changes():

@@ -28,6 +28,7 @@ def table(path, header: str, rows: list[str]) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_csv_classification_runs_from_the_command_line_alone(demo_data, tmp_path):
     args = [
         "data.name=csv",
@@ -91,6 +92,7 @@ def test_a_separate_validation_table_and_classes_by_name(tmp_path, tiny):
     )
 
 
+@pytest.mark.slow
 def test_a_regression_target_trains_and_evaluates_with_the_same_numbers(demo_data, tiny):
     cfg = load_config(
         ROOT / "configs/experiments/csv_regression.yaml",
@@ -102,6 +104,7 @@ def test_a_regression_target_trains_and_evaluates_with_the_same_numbers(demo_dat
     assert again["rmse"] == pytest.approx(result["best"], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("header", "rows", "extra", "message"),
     [
@@ -126,6 +129,7 @@ def test_bad_tables_get_one_line_naming_the_row_or_column(
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_a_missing_table_names_the_key(tmp_path, tiny):
     done = run_script(
         "scripts/train.py", *tiny_with(tiny, "data.name=csv", f"data.path={tmp_path}/no.csv")
@@ -184,6 +188,7 @@ def least_squares_r2(x, y, train, val) -> float:
     return 1 - (err**2).sum() / ((y[val] - y[val].mean()) ** 2).sum()
 
 
+@pytest.mark.slow
 def test_targets_far_from_zero_learn_at_the_example_settings(tmp_path):
     """Regression targets are standardised with the training rows' statistics: with the CSV
     example's settings (lr 3e-3, 30 epochs) a target of mean 152 gets as far as a linear

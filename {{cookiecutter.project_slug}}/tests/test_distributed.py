@@ -200,6 +200,7 @@ print(sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads threads from /proc")
 def test_teardown_frees_the_gloo_group_before_interpreter_exit():
     # A group still alive after teardown is torn down during interpreter shutdown, where gloo

@@ -282,6 +282,7 @@ def test_main_exit_code_and_json(monkeypatch, capsys):
     assert capsys.readouterr().out.splitlines()[-1].startswith("doctor: ")
 
 
+@pytest.mark.slow
 def test_real_run_in_a_throwaway_project(tmp_path):
     """The real probes on this machine, in a project whose package is a tiny stand-in."""
     (tmp_path / "scripts").mkdir()

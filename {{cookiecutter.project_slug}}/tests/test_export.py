@@ -24,6 +24,9 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.inference import load_trained, validation_inputs
 from {{ cookiecutter.package_name }}.trainer import fit
 
+# Each test trains, then exports or checks parity: make test-all.
+pytestmark = pytest.mark.slow
+
 ONNX = ("onnx", "onnxscript", "onnxruntime")
 
 

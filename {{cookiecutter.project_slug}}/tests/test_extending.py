@@ -8,11 +8,14 @@ import sys
 import types
 
 import numpy as np
+import pytest
 from conftest import ROOT, tiny_with
 
 from {{ cookiecutter.package_name }} import cli, data, models
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.trainer import fit
+
+pytestmark = pytest.mark.slow  # trains and evaluates: make test-all
 
 
 def readme_file(name: str, monkeypatch) -> types.ModuleType:

@@ -21,6 +21,9 @@ from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
 from {{ cookiecutter.package_name }}.utils.signals import StopSignal
 
+# Fault injection and signals: make test-all (test_end_to_end.py keeps a fast stop-resume).
+pytestmark = pytest.mark.slow
+
 
 def out_dir(tiny, name="default") -> Path:
     return Path(load_config(None, tiny).run.output_dir) / name

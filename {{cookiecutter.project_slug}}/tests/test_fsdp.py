@@ -248,6 +248,7 @@ def test_two_rank_shards_resume_on_one_process_and_back_on_two(
     )
 
 
+@pytest.mark.slow
 def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it(
     tiny, monkeypatch
 ):
@@ -275,6 +276,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
     assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 4
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_under_fsdp_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny):
     x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
     for name, inputs in (("good", x), ("bad", torch.full_like(x, float("nan")))):
@@ -290,6 +292,7 @@ def test_a_non_finite_loss_under_fsdp_stops_and_keeps_the_last_good_checkpoint(t
     assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 2
 
 
+@pytest.mark.slow
 def test_a_full_ddp_checkpoint_does_not_resume_under_fsdp(tiny):
     fit(load_config(None, [*tiny, "train.max_steps=1"]))
     with pytest.raises(CheckpointError, match="holds a full \\(ddp\\) training state"):
@@ -356,6 +359,7 @@ def test_activation_checkpointing_keeps_fewer_activations_for_the_same_gradients
     assert all(map(torch.equal, grads, grads_checkpointed))
 
 
+@pytest.mark.slow
 def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
     net = model("mlp", 2)
     seen = []
@@ -379,6 +383,7 @@ def test_a_rank_without_validation_samples_still_steps_through_empty_batches():
     assert len(batches) == 2 and all(x.shape == (0, 5) and y.shape == (0,) for x, y in batches)
 
 
+@pytest.mark.slow
 def test_the_default_cnn_trains_and_resumes_under_fsdp_with_bf16_and_channels_last(tiny):
     """One process (a one-rank gloo group): the CNN's BatchNorms keep fp32 weights beside
     their fp32 running statistics while the convolutions compute in bf16; FSDP shards the
@@ -417,6 +422,7 @@ def cnn_sharded_beside_its_copy(channels_last: bool, amp: str = "off"):
     return net, copy
 
 
+@pytest.mark.slow
 def test_fsdp_shards_channels_last_weights_and_convolves_channels_last():
     try:
         net, copy = cnn_sharded_beside_its_copy(channels_last=True)
@@ -433,6 +439,7 @@ def test_fsdp_shards_channels_last_weights_and_convolves_channels_last():
         distributed.teardown()
 
 
+@pytest.mark.slow
 def test_under_fsdp_and_bf16_batch_norm_keeps_fp32_weights_and_convolutions_compute_in_bf16():
     try:
         net, copy = cnn_sharded_beside_its_copy(channels_last=False, amp="bf16")
@@ -454,6 +461,7 @@ def test_under_fsdp_and_bf16_batch_norm_keeps_fp32_weights_and_convolutions_comp
         distributed.teardown()
 
 
+@pytest.mark.slow
 def test_a_sharded_model_validates_before_its_first_training_step():
     """A resume whose epoch has no step left validates first: FSDP's first all-gather must not
     happen under torch.inference_mode, where it fails."""

@@ -32,6 +32,7 @@ def table(stdout: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_list_names_every_check_in_order():
     done = run_script(SCRIPT, "--list")
     assert done.returncode == 0, done.stderr
@@ -44,6 +45,7 @@ def test_list_names_every_check_in_order():
     assert set(names) >= {"channels_last", "init_from", "sweep_gpus"}
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     done = run_script(SCRIPT, env=NO_GPU)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -51,6 +53,22 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     assert "--allow-cpu" in done.stdout
 
 
+@pytest.mark.slow
+def test_the_tests_check_runs_the_slow_tests_of_test_cuda_too():
+    """pyproject's addopts deselect slow tests; the check's own -m selects them again."""
+    runs = []
+
+    class Collect:
+        def python(self, *args: str) -> str:
+            runs.append(run_script(*args, "--collect-only").stdout)
+            return runs[-1]
+
+    gpu_check.check_tests(Collect())
+    assert "test_cuda.py::test_compiled_model_trains_and_saves_plain_keys" in runs[0]
+    assert "deselected" not in runs[0]
+
+
+@pytest.mark.slow
 def test_unknown_check_is_refused():
     done = run_script(SCRIPT, "--allow-cpu", "--only", "smoke,nope")
     assert done.returncode == 2 and "unknown check 'nope'" in done.stderr
@@ -89,6 +107,7 @@ def fake_checks(monkeypatch):
     monkeypatch.setattr(gpu_check, "CHECKS", checks)
 
 
+@pytest.mark.slow
 def test_each_outcome_reaches_the_table_and_a_failure_exits_1(monkeypatch, capsys):
     fake_checks(monkeypatch)
     assert gpu_check.main(["--allow-cpu", "--timeout", "3"]) == 1
@@ -111,6 +130,7 @@ def test_no_failure_exits_0_and_keep_keeps_the_outputs(monkeypatch, capsys):
     gpu_check.shutil.rmtree(kept)
 
 
+@pytest.mark.slow
 def test_a_few_real_checks_on_cpu():
     args = ["--allow-cpu", "--only", "smoke,resume,fp16"]
     done = run_script(SCRIPT, *args, env=NO_GPU, timeout=600)

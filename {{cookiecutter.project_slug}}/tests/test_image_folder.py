@@ -119,6 +119,7 @@ def test_classes_are_sorted_and_travel_in_the_checkpoint(tmp_path):
     assert meta["std"] == pytest.approx([0.2, 0.25, 0.3])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_undecodable_image_is_named_in_one_line_even_from_a_loader_worker(tmp_path, workers):
     for name in ("a", "b"):
@@ -236,6 +237,7 @@ def test_augmentation_follows_the_item_seed_whatever_the_workers_and_epoch(tmp_p
     assert not torch.equal(epoch(0, 1), epoch(0, 2))  # a new epoch draws anew
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_run_with_workers_matches_an_uninterrupted_one(
     tmp_path, tiny, monkeypatch
 ):

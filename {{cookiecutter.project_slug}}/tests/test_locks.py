@@ -28,6 +28,7 @@ def flock_failing_with(monkeypatch, error: OSError) -> None:
     monkeypatch.setattr(locks, "_warned", set())  # each test sees its first warning
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
 def test_a_run_trains_on_a_filesystem_without_locks_with_one_warning(
     tiny, monkeypatch, capsys, code

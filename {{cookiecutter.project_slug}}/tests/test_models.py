@@ -4,9 +4,11 @@ So a model for feature rows, tokens or images passes here without editing this f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, missing_data_file
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs, source_of
@@ -15,11 +17,12 @@ from {{ cookiecutter.package_name }}.models import MODELS, build_model
 from {{ cookiecutter.package_name }}.tasks import TASKS, build_task
 
 
-def paired_config(name: str):
-    """The first config file that trains model `name`, else the defaults with that model."""
-    for path in sorted(CONFIGS.rglob("*.yaml")):
+def paired_config(name: str, configs: Path = CONFIGS):
+    """The first config file that trains model `name` on data found here (a user's experiment
+    on their own data may not be), else the defaults with that model."""
+    for path in sorted(configs.rglob("*.yaml")):
         cfg = load_config(path)
-        if cfg.model.name == name:
+        if cfg.model.name == name and not missing_data_file(cfg):
             return cfg
     return load_config(None, [f"model.name={name}"])
 
@@ -61,3 +64,16 @@ def test_a_cnn_on_feature_rows_is_refused_with_the_fix():
         ConfigError, match=r"cannot run on inputs of shape \(20,\).*model.name=mlp"
     ):
         build_model(load_config(None).model, torch.randn(2, 20), 3)
+
+
+def test_a_users_experiment_without_its_data_pairs_no_model(tmp_path, demo_data):
+    """A user's experiment file on data not here is passed over, not built."""
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "default.yaml").write_text((CONFIGS / "default.yaml").read_text())
+    for path in (CONFIGS / "experiments").glob("*.yaml"):
+        (tmp_path / "experiments" / path.name).write_text(path.read_text())
+    (tmp_path / "experiments" / "a_wine.yaml").write_text(
+        "extends: ../default.yaml\ndata:\n  name: csv\n  path: data/wine.csv\n"
+        "model:\n  name: mlp\n"
+    )
+    assert paired_config("mlp", tmp_path) == paired_config("mlp")

@@ -41,6 +41,7 @@ def drawings(monkeypatch) -> list[tuple[int, int]]:
     return drawn
 
 
+@pytest.mark.slow
 def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawings):
     monkeypatch.setattr(logger, "REDRAW_EVERY_S", 0)  # as when epochs are long
     fit(load_config(None, tiny))  # 2 epochs
@@ -55,6 +56,7 @@ def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawin
     assert not list(png.parent.glob(".curves.png.tmp*"))  # written through a rename
 
 
+@pytest.mark.slow
 def test_short_epochs_are_drawn_once_when_the_run_ends(tiny, drawings):
     fit(load_config(None, [*tiny, "train.epochs=3"]))
     assert drawings == [(3, 4)]
@@ -88,6 +90,7 @@ def test_curves_read_a_column_added_on_resume_as_a_gap(tmp_path):
     assert columns["step"] == [4.0, 8.0] and columns["val/loss"] == [1.0, 0.5]
 
 
+@pytest.mark.slow
 def test_training_without_matplotlib_trains_and_says_how_to_install_it(tiny, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what a missing package looks like
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)

@@ -16,6 +16,9 @@ from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.inference import load_trained, validation_set
 from {{ cookiecutter.package_name }}.trainer import fit
 
+# Each test trains a run to predict with: make test-all.
+pytestmark = pytest.mark.slow
+
 
 def best_of(overrides: list[str], config=None) -> str:
     cfg = load_config(config, overrides)

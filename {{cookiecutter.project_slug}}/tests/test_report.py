@@ -47,6 +47,7 @@ def test_a_class_never_predicted_has_zero_precision_not_an_error():
     assert rows[1] == {"class": "b", "precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 2}
 
 
+@pytest.mark.slow
 def test_evaluate_writes_the_report_beside_the_checkpoint(tiny, tmp_path):
     pytest.importorskip("matplotlib")
     fit(load_config(None, tiny))
@@ -78,6 +79,7 @@ def test_evaluate_writes_the_report_beside_the_checkpoint(tiny, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_regression_report_draws_predicted_against_true(demo_data, tiny, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     output_dir = load_config(None, tiny).run.output_dir

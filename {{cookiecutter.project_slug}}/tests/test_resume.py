@@ -76,6 +76,7 @@ def test_resume_never_starts_fresh_over_checkpoints_that_do_not_load(tiny):
     assert (run_dir(tiny) / "best.pt").read_bytes() == best  # nothing overwritten
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", [OSError(errno.EIO, "Input/output error"), MemoryError()])
 def test_a_failed_read_stops_the_run_and_renames_nothing(tiny, monkeypatch, failure):
     fit(load_config(None, tiny))
@@ -90,6 +91,7 @@ def test_a_failed_read_stops_the_run_and_renames_nothing(tiny, monkeypatch, fail
     assert snapshot(run_dir(tiny)) == before
 
 
+@pytest.mark.slow
 def test_a_second_process_on_a_run_folder_gets_one_line(tiny):
     fit(load_config(None, [*tiny, "train.max_steps=2"]))
     holder = RunFolder(run_dir(tiny), keep_last=2)
@@ -102,6 +104,7 @@ def test_a_second_process_on_a_run_folder_gets_one_line(tiny):
     assert fit(load_config(None, [*tiny, "train.resume=auto"]))["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_no_stale_lock(tiny):
     folder = run_dir(tiny)
     code = "import sys, time; from pathlib import Path; from {{ cookiecutter.package_name }}"
@@ -126,6 +129,7 @@ def test_a_run_folder_without_checkpoints_is_not_an_existing_run(tiny):
     assert fit(load_config(None, tiny))["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_changed_settings_apply_from_the_resumed_step_and_are_listed(tiny, capsys):
     fit(load_config(None, [*tiny, "train.epochs=1"]))
     capsys.readouterr()
@@ -197,6 +201,7 @@ def test_best_checkpoint_follows_the_direction_of_its_metric(tiny):
         load_config(None, ["train.best_metric=loss", "train.best_mode=max"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", ["train.max_steps=3", "train.epochs=2"])
 def test_resuming_a_finished_run_trains_nothing_and_writes_nothing(tiny, capsys, limit):
     first = fit(load_config(None, [*tiny, limit]))
@@ -207,6 +212,7 @@ def test_resuming_a_finished_run_trains_nothing_and_writes_nothing(tiny, capsys,
     assert snapshot(run_dir(tiny).parent) == before
 
 
+@pytest.mark.slow
 def test_runs_table_keeps_one_row_per_run_under_one_header(tiny):
     fit(load_config(None, [*tiny, "train.epochs=1"]))
     fit(load_config(None, [*tiny, "train.epochs=2", "train.resume=auto"]))
@@ -217,6 +223,7 @@ def test_runs_table_keeps_one_row_per_run_under_one_header(tiny):
     assert [(r["run"], r["epochs"]) for r in rows] == [("default", "2"), ("other", "1")]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_logs_each_step_once(tiny):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -254,6 +261,7 @@ def test_checkpoint_files_of_the_wrong_structure_get_one_line(tmp_path, tiny):
     assert not run_dir(tiny, "x").exists()
 
 
+@pytest.mark.slow
 def test_a_bare_state_dict_serves_evaluation_and_fine_tuning(tmp_path, tiny):
     fit(load_config(None, tiny))
     bare = tmp_path / "weights.pt"
@@ -299,6 +307,7 @@ def test_rng_state_is_restored_from_tensors_on_another_device():
     assert torch.equal(torch.rand(5), expected)
 
 
+@pytest.mark.slow
 def test_checkpoints_are_read_on_the_cpu(tiny, monkeypatch):
     fit(load_config(None, [*tiny, "train.max_steps=2"]))
     seen = []

@@ -25,6 +25,7 @@ def last_of(tiny: list[str], run: str = "default") -> Path:
     return Path(load_config(None, tiny).run.output_dir) / run / "last.pt"
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_after_patience_epochs_without_improvement(tiny):
     result = fit(load_config(None, [*tiny, *EARLY]))
     assert result["stopped"] == "early_stopping"
@@ -33,6 +34,7 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement(tiny):
     assert progress["bad_epochs"] == 2 and progress["best_epoch"] in (1, 2, 3)
 
 
+@pytest.mark.slow
 def test_min_delta_zero_counts_only_epochs_that_do_not_improve(tiny):
     # A learning rate this small changes no prediction of an MLP (no BatchNorm statistics
     # either): acc never improves after epoch 1.
@@ -41,6 +43,7 @@ def test_min_delta_zero_counts_only_epochs_that_do_not_improve(tiny):
     assert result["stopped"] == "early_stopping" and result["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_run_stops_early_at_the_same_epoch(tiny, monkeypatch):
     straight = fit(load_config(None, [*tiny, *EARLY, "run.name=straight"]))
     # Stop mid-epoch 3: epoch 2 was already a bad epoch, which the resume must remember.
@@ -60,6 +63,7 @@ def test_early_stopping_settings_are_validated(tiny):
         load_config(None, [*tiny, "train.early_stop_min_delta=-0.1"])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_the_new_progress_fields_resumes(tiny, tmp_path):
     fit(load_config(None, [*tiny, "train.epochs=1"]))
     state = checkpoint.load(last_of(tiny))
@@ -81,6 +85,7 @@ def summary_of(text: str) -> tuple[list[str], dict[str, str]]:
     return [str(Path(where) / name) for name in names.split(", ")], commands
 
 
+@pytest.mark.slow
 def test_summary_names_existing_files_and_commands_that_run(tiny, capsys):
     fit(load_config(None, [*tiny, "train.epochs=2"]))
     out = capsys.readouterr().out
@@ -98,6 +103,7 @@ def test_summary_names_existing_files_and_commands_that_run(tiny, capsys):
     assert len(Path(predictions).read_text().splitlines()) == 1 + 96  # header + val samples
 
 
+@pytest.mark.slow
 def test_resuming_a_complete_run_prints_its_summary_again(tiny, capsys):
     fit(load_config(None, [*tiny, *EARLY]))
     first = capsys.readouterr().out

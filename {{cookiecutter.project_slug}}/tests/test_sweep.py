@@ -83,6 +83,7 @@ def test_aggregation_gives_mean_and_std_over_folds():
     assert aggregate([0.4]) == (0.4, 0.0, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [

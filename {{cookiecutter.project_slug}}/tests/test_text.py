@@ -60,6 +60,7 @@ def test_holdout_is_a_contiguous_tail_sharing_no_character_with_training(tmp_pat
     assert max(seen_in_training) < min(validated)
 
 
+@pytest.mark.slow
 def test_the_checkpoint_carries_the_vocabulary_and_evaluation_checks_it(tmp_path):
     path = text_file(tmp_path, TEXT * 2)
     result = fit(load_config(None, lm_overrides(tmp_path, path)))

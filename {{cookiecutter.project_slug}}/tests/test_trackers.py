@@ -74,6 +74,7 @@ def stop_then_resume(tiny, logger: str) -> tuple[Path, list[str]]:
     return run, ids
 
 
+@pytest.mark.slow
 def test_wandb_records_offline_in_the_run_folder_and_a_resume_continues_the_run(tiny, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is optional: pip install wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)  # the default: offline
@@ -86,6 +87,7 @@ def test_wandb_records_offline_in_the_run_folder_and_a_resume_continues_the_run(
     assert b"log_every" in data[0]  # the config, as the run's hyperparameters
 
 
+@pytest.mark.slow
 def test_mlflow_records_in_a_local_store_and_a_resume_continues_the_run(tiny, monkeypatch):
     pytest.importorskip("mlflow", reason="mlflow is optional: pip install mlflow")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default: <run>/mlruns
@@ -106,6 +108,7 @@ def test_mlflow_records_in_a_local_store_and_a_resume_continues_the_run(tiny, mo
     assert recorded.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_mlflow_starts_a_new_run_where_the_store_lacks_the_saved_one(
     tiny, tmp_path, monkeypatch, capsys
 ):
@@ -181,6 +184,7 @@ def wandb_steps(run: Path, run_id: str, key: str) -> list[int]:
     return steps
 
 
+@pytest.mark.slow
 def test_wandb_resume_after_steps_logged_past_the_checkpoint_logs_them_once(
     tiny, monkeypatch, capsys
 ):
@@ -192,6 +196,7 @@ def test_wandb_resume_after_steps_logged_past_the_checkpoint_logs_them_once(
     assert "logging the resume to new tracker runs" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_mlflow_resume_after_steps_logged_past_the_checkpoint_logs_them_once(
     tiny, monkeypatch, capsys
 ):

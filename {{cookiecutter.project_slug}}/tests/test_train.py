@@ -45,6 +45,7 @@ def test_full_run_learns_and_keeps_best_and_last(tiny):
     assert len(csv) == 4 and csv[0].startswith("epoch,step,train/epoch_loss")
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_saved_step_with_identical_optimizer_state(tiny):
     fit(load_config(None, [*tiny, "train.epochs=1"]))
     saved = checkpoint.load(f"{run_dir(tiny)}/last.pt")
@@ -80,6 +81,7 @@ def assert_same_weights(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_at", ["epoch", "mid-epoch"])
 def test_resume_is_bitwise_exact(tmp_path, tiny, stop_at, monkeypatch):
     """N epochs straight == stopped (at an epoch boundary or mid-epoch) then resumed."""
@@ -195,6 +197,7 @@ def test_existing_run_is_never_overwritten(tiny):
     assert_same_weights(before, checkpoint.load(f"{run_dir(tiny)}/last.pt")["model"])
 
 
+@pytest.mark.slow
 def test_keep_last_prunes_old_step_files_but_keeps_best(tiny):
     fit(load_config(None, [*tiny, "train.epochs=4", "train.keep_last=2"]))
     out = run_dir(tiny)
@@ -203,6 +206,7 @@ def test_keep_last_prunes_old_step_files_but_keeps_best(tiny):
     assert checkpoint.load(f"{out}/best.pt")["progress"]["best"] is not None
 
 
+@pytest.mark.slow
 def test_evaluate_script_prints_the_metrics_of_a_checkpoint(tiny):
     fit(load_config(None, tiny))
     best = f"{run_dir(tiny)}/best.pt"
@@ -213,6 +217,7 @@ def test_evaluate_script_prints_the_metrics_of_a_checkpoint(tiny):
     assert metrics["step"] == checkpoint.load(best)["progress"]["step"]
 
 
+@pytest.mark.slow
 def test_train_script_runs_from_the_command_line(tiny):
     proc = run_script("scripts/train.py", *tiny, "train.epochs=1", "run.threads=1")
     assert proc.returncode == 0, proc.stderr
@@ -310,6 +315,7 @@ def test_each_script_shows_overrides_that_mean_something_to_it(main, example, ca
         assert "train.epochs" not in help_text
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny):
     x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
     for name, inputs in (
@@ -334,12 +340,14 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
     assert_same_weights(good["model"], checkpoint.load(f"{run_dir(tiny)}/last.pt")["model"])
 
 
+@pytest.mark.slow
 def test_smoke_script_passes():
     proc = run_script("scripts/smoke.py", "run.device=cpu", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "smoke test passed" in proc.stdout
 
 
+@pytest.mark.slow
 def test_checkpoint_errors(tmp_path, tiny):
     fit(load_config(None, [*tiny, "train.max_steps=1"]))
     good = f"{run_dir(tiny)}/last.pt"
@@ -353,6 +361,7 @@ def test_checkpoint_errors(tmp_path, tiny):
         checkpoint.load(pickled)
 
 
+@pytest.mark.slow
 def test_tensorboard_events_and_the_runs_table_are_written(tiny):
     fit(load_config(None, [*tiny, "run.loggers=[csv,tensorboard]"]))
     events = list(Path(run_dir(tiny), "tb").glob("events.out.tfevents.*"))

@@ -47,7 +47,7 @@ def family_args(task: str, data: Path) -> list[str]:
     """--config and overrides that make each task's example tiny (seconds a case)."""
     return {
         "cls-synthetic-cnn": [
-            "data.train_size=192",
+            "data.train_size=384",
             "data.val_size=64",
             "data.image_size=8",
             "data.num_classes=4",
@@ -334,7 +334,9 @@ def test_combination(case, data, bases, tmp_path):
     rerun += f" {shlex.join(resume)}"
     assert_no_traceback(second, rerun)
     assert code == 0, f"{rerun}\nresume failed (exit {code}):\n{second[-4000:]}"
-    assert re.search(r"resumed at step [1-9]", second), f"{rerun}\nnot resumed:\n{second}"
+    # A stop that landed on the epoch where early stopping ends the run leaves nothing to do.
+    done = case["early_stop"] and "stopped early" in second and "is complete" in second
+    assert done or re.search(r"resumed at step [1-9]", second), f"{rerun}\nnot resumed:\n{second}"
 
     # 3. What the run recorded is what its checkpoints hold.
     row = recorded(out, name)
@@ -358,5 +360,7 @@ def test_combination(case, data, bases, tmp_path):
         text = tool(script, tool_args)
         if what == "predict" and "accuracy" in text and "acc" in best:
             acc = float(re.search(r"accuracy ([\d.]+)", text).group(1))
-            if "--split" in tool_args:  # the validation split: evaluate's accuracy
+            # The validation split gives evaluate's accuracy (which, like training's
+            # validation, runs under train.amp: predict computes in fp32).
+            if "--split" in tool_args and case["amp"] == "off":
                 assert_close(acc, best["acc"], f"{rerun}\npredict's accuracy")

@@ -129,6 +129,7 @@ EXPECTED = {
     "tests/test_compare.py",
     "tests/pairwise.py",
     "tests/test_combinations.py",
+    "tests/test_end_to_end.py",
     "tests/test_trackers.py",
     "tests/test_locks.py",
 }

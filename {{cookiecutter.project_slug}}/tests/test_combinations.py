@@ -33,6 +33,7 @@ import pytest
 import torch
 from conftest import ROOT, run_script
 from pairwise import AXES, REFUSED, case_id, covering_cases, refusal
+from test_distributed import STANDALONE, child_env
 
 from {{ cookiecutter.package_name }} import cli, trainer
 
@@ -183,14 +184,11 @@ def torchrun(argv: list[str], stop_after_announce: bool = False) -> tuple[int, s
     (torchrun, ranks, loader workers), as scancel sends it, once the first epoch is done.
     Not sooner: torchrun kills its ranks 30 s after a SIGTERM, and a first step that compiles
     on two loaded cores can take longer than that."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env |= {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, "scripts/train.py"]
     proc = subprocess.Popen(
-        [*cmd, "scripts/train.py", *argv],
+        [*cmd, *argv],
         cwd=ROOT,
-        env=env,
+        env=child_env(PYTHONUNBUFFERED="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

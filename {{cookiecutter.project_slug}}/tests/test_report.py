@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import CONFIGS, ROOT, TINY, run_script
+from test_distributed import STANDALONE, child_env
 
 from {{ cookiecutter.package_name }} import cli, report
 from {{ cookiecutter.package_name }}.config import load_config
@@ -125,6 +125,17 @@ def test_without_matplotlib_the_report_is_written_without_pictures(tiny, capsys,
     assert sorted(p.name for p in folder.iterdir()) == ["per_class.csv", "report.json"]
 
 
+def evaluate_on_two_ranks(checkpoint: Path, report: Path) -> subprocess.CompletedProcess:
+    """scripts/evaluate.py under torchrun on two gloo ranks, writing its report to `report`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, "scripts/evaluate.py"]
+    cmd += ["--checkpoint", str(checkpoint), "--report", str(report)]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 @pytest.mark.slow
 def test_under_torchrun_the_report_counts_each_sample_once(tmp_path):
     # 97 validation samples: 49 + 48 on two ranks; the confusion counts are summed.
@@ -132,12 +143,7 @@ def test_under_torchrun_the_report_counts_each_sample_once(tmp_path):
     fit(load_config(None, [*common, "train.max_steps=8"]))
     best = tmp_path / "default" / "last.pt"
     alone = cli.evaluate_checkpoint(str(best), ["run.device=cpu"], str(tmp_path / "alone"))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += ["scripts/evaluate.py", "--checkpoint", str(best), "--report", str(tmp_path / "two")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = evaluate_on_two_ranks(best, tmp_path / "two")
     assert proc.stdout.count("report: ") == 1  # rank 0 alone writes
     two = json.loads((tmp_path / "two" / "report.json").read_text())
     one = json.loads((tmp_path / "alone" / "report.json").read_text())
@@ -158,12 +164,7 @@ def test_regression_on_a_rank_without_validation_samples(tmp_path):
     fit(load_config(None, [*common, *data, f"run.output_dir={tmp_path}"]))
     best = tmp_path / "default" / "best.pt"
     alone = cli.evaluate_checkpoint(str(best), ["run.device=cpu"])
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += ["scripts/evaluate.py", "--checkpoint", str(best), "--report", str(tmp_path / "two")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    evaluate_on_two_ranks(best, tmp_path / "two")
     two = json.loads((tmp_path / "two" / "report.json").read_text())["metrics"]
     assert two["count"] == alone["count"] == 1
     for key in ("loss", "rmse", "mae"):

@@ -9,7 +9,7 @@ bench_training.py:
   minimal_torch_default
              the same loop with torch's default AdamW (a per-tensor loop on CPU), to show what
              the fused optimizer is worth.
-  project    the baked project's own entry point (cli.train_main, as scripts/train.py calls it)
+  project    the baked project's own entry point (train_main, as scripts/train.py calls it)
              with its default features: progress bar, logging, TensorBoard, checkpoint per epoch.
   lightning  lightning.Trainer with its defaults, fed the project's model, data and loader.
 
@@ -92,7 +92,7 @@ def project(spec: dict) -> dict:
     import importlib
 
     pkg = spec["package"]
-    cli = importlib.import_module(f"{pkg}.cli")
+    entry = importlib.import_module(f"{pkg}.tools.train")
     loop = importlib.import_module(f"{pkg}.loop")
     MARKS["imports_done"] = time.time()
 
@@ -108,7 +108,7 @@ def project(spec: dict) -> dict:
             excluded.append([start, time.perf_counter()])
 
     loop.evaluate = timed_evaluate
-    code = cli.train_main(spec["overrides"])
+    code = entry.train_main(spec["overrides"])
     if code != 0:
         raise SystemExit(f"train_main exited with {code}")
     cfg = importlib.import_module(f"{pkg}.config").load_config(None, spec["overrides"])

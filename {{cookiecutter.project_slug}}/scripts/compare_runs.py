@@ -6,7 +6,7 @@ python scripts/compare_runs.py checkpoints/lrs --out lrs.png       # the trials 
 python scripts/compare_runs.py checkpoints/a checkpoints/b --x epoch
 """
 
-from {{ cookiecutter.package_name }}.cli import compare_main
+from {{ cookiecutter.package_name }}.tools.compare import compare_main
 
 if __name__ == "__main__":
     raise SystemExit(compare_main())

@@ -4,7 +4,7 @@ python scripts/evaluate.py --checkpoint checkpoints/default/best.pt
 python scripts/evaluate.py --checkpoint checkpoints/default/best.pt run.device=cpu
 """
 
-from {{ cookiecutter.package_name }}.cli import evaluate_main
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 
 if __name__ == "__main__":
     raise SystemExit(evaluate_main())

@@ -13,7 +13,7 @@ the previous files by a rename. ONNX needs pip install -e ".[export]". Exit code
 input, a failed write or a model the format cannot export.
 """
 
-from {{ cookiecutter.package_name }}.cli import export_main
+from {{ cookiecutter.package_name }}.tools.export import export_main
 
 if __name__ == "__main__":
     raise SystemExit(export_main())

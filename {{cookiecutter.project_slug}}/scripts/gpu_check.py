@@ -175,14 +175,15 @@ def pytest_summary(output: str) -> str:
 # train.max_steps ends the run: its lr schedule ends there.)
 STOPPING_TRAIN = """
 import sys
-from {{ cookiecutter.package_name }} import cli, loop
+from {{ cookiecutter.package_name }} import loop
+from {{ cookiecutter.package_name }}.tools.train import train_main
 stop, read = int(sys.argv[1]), loop.read_losses
 def read_losses(run, *args):
     if run.progress.step == stop:
         run.stop.reason = "SIGTERM"
     return read(run, *args)
 loop.read_losses = read_losses
-raise SystemExit(cli.train_main(sys.argv[2:]))
+raise SystemExit(train_main(sys.argv[2:]))
 """
 
 

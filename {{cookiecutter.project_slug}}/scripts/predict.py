@@ -10,7 +10,7 @@ Writes one CSV row per input (id, predicted class and probability, or values; th
 the input has one), or prints the generated text. Exit codes: 0 done, 2 bad input.
 """
 
-from {{ cookiecutter.package_name }}.cli import predict_main
+from {{ cookiecutter.package_name }}.tools.predict import predict_main
 
 if __name__ == "__main__":
     raise SystemExit(predict_main())

@@ -6,7 +6,7 @@ python scripts/smoke.py run.device=cpu   # any config override applies to every 
 
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.cli import smoke_main
+from {{ cookiecutter.package_name }}.tools.train import smoke_main
 
 if __name__ == "__main__":
     raise SystemExit(smoke_main(Path(__file__).resolve().parents[1]))

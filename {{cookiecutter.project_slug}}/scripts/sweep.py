@@ -15,7 +15,7 @@ continue; a second Ctrl-C stops them without saving).
 
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.sweep import main
+from {{ cookiecutter.package_name }}.tools.sweep import main
 
 if __name__ == "__main__":
     raise SystemExit(main(Path(__file__).resolve().parents[1]))

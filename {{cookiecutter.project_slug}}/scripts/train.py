@@ -13,7 +13,7 @@ Exit codes: 0 done, 2 bad input (one line says what to fix), 75 preempted or a f
 (saved; rerun to resume), 130 a second Ctrl-C (the last checkpoint saved stays).
 """
 
-from {{ cookiecutter.package_name }}.cli import train_main
+from {{ cookiecutter.package_name }}.tools.train import train_main
 
 if __name__ == "__main__":
     raise SystemExit(train_main())

@@ -1,7 +1,7 @@
 """Every bad input gets one line: exit 2, one stderr line `error: <problem>; <fix>`, no
 traceback, and every file that existed before the run is byte-identical after it.
 
-Most cases run `cli.train_main(argv)` in-process (a subprocess costs ~2 s); a few run the
+Most cases run `train_main(argv)` in-process (a subprocess costs ~2 s); a few run the
 real scripts, including a real file-size limit. Faults a root user cannot cause without
 mounts (a full disk, a read-only file system, a refused permission) are injected in-process.
 """
@@ -17,7 +17,8 @@ import pytest
 import torch
 from conftest import ROOT, run_script, tiny_with
 
-from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.tools.train import train_main
 
 EXPECTED_FORMAT = (
     '{"x": float tensor (N, ...), "y": int64 class ids (N,) or float targets (N,) / (N, K)}'
@@ -48,9 +49,9 @@ def assert_unchanged(before: dict[str, bytes], root: Path, new_files: bool = Fal
 
 
 def train(argv: list[str], capsys) -> tuple[int, str]:
-    """cli.train_main in-process: (exit code, stderr)."""
+    """train_main in-process: (exit code, stderr)."""
     capsys.readouterr()
-    code = cli.train_main(argv)
+    code = train_main(argv)
     return code, capsys.readouterr().err
 
 
@@ -222,7 +223,7 @@ def test_bad_input_in_a_real_process_gives_one_line(tmp_path, tiny):
 
 def test_debug_shows_the_traceback(tiny):
     with pytest.raises(Exception, match="train.batch_size must be >= 1"):
-        cli.train_main([*tiny, "train.batch_size=0", "--debug"])
+        train_main([*tiny, "train.batch_size=0", "--debug"])
 
 
 @pytest.mark.slow
@@ -384,7 +385,7 @@ def test_other_os_errors_keep_their_traceback(tiny, monkeypatch):
 
     monkeypatch.setattr(os, "mkdir", refuse)
     with pytest.raises(ConnectionResetError):
-        cli.train_main(tiny)
+        train_main(tiny)
 
 
 # --- Evaluation ------------------------------------------------------------------------------

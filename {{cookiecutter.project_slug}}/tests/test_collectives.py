@@ -18,13 +18,14 @@ import torch
 from conftest import ROOT
 from torch.utils.data import DataLoader, TensorDataset
 
-from {{ cookiecutter.package_name }} import distributed, parallel, report
+from {{ cookiecutter.package_name }} import distributed, parallel
 from {{ cookiecutter.package_name }}.checkpoint import Progress
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.distributed import DistInfo, StopVote
 from {{ cookiecutter.package_name }}.loop import evaluate, read_losses
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks.classification import Classification, Options
+from {{ cookiecutter.package_name }}.tools import report
 from {{ cookiecutter.package_name }}.utils.signals import StopSignal
 
 CPU = torch.device("cpu")

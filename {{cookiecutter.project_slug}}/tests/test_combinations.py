@@ -35,7 +35,11 @@ from conftest import ROOT, run_script
 from pairwise import AXES, REFUSED, case_id, covering_cases, refusal
 from test_distributed import STANDALONE, child_env
 
-from {{ cookiecutter.package_name }} import cli, trainer
+from {{ cookiecutter.package_name }} import trainer
+from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_main
+from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.predict import predict_main
+from {{ cookiecutter.package_name }}.tools.train import train_main
 
 pytestmark = pytest.mark.slow
 
@@ -172,7 +176,7 @@ def launch(argv: list[str], stop_after_announce: bool = False) -> tuple[int, str
         if stop_after_announce:
             trainer.announce = announce_then_stop
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            code = cli.train_main(argv)
+            code = train_main(argv)
     finally:
         trainer.announce = announce
         faulthandler.cancel_dump_traceback_later()
@@ -215,10 +219,10 @@ def assert_no_traceback(text: str, rerun: str) -> None:
 
 
 TOOLS = {
-    "scripts/consolidate.py": cli.consolidate_main,
-    "scripts/evaluate.py": cli.evaluate_main,
-    "scripts/predict.py": cli.predict_main,
-    "scripts/export.py": cli.export_main,
+    "scripts/consolidate.py": consolidate_main,
+    "scripts/evaluate.py": evaluate_main,
+    "scripts/predict.py": predict_main,
+    "scripts/export.py": export_main,
 }
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_script
 
-from {{ cookiecutter.package_name }} import cli, compare
 from {{ cookiecutter.package_name }}.config import load_config, save_config
+from {{ cookiecutter.package_name }}.tools import compare
+from {{ cookiecutter.package_name }}.tools.compare import compare_main
 from {{ cookiecutter.package_name }}.utils.logger import record_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -48,7 +49,7 @@ def table_of(printed: str) -> list[list[str]]:
 
 def test_table_lists_exactly_the_settings_that_differ(three_runs, tmp_path, capsys):
     out = tmp_path / "cmp.png"
-    assert cli.compare_main([str(three_runs / "*"), "--out", str(out)]) == 0  # runs.csv skipped
+    assert compare_main([str(three_runs / "*"), "--out", str(out)]) == 0  # runs.csv skipped
     head, _, *rows = table_of(capsys.readouterr().out)
     # run.name differs too, but names the rows; run.seed=42 is everyone's default
     assert head == ["run", "best val acc", "epochs", "steps", "wall time", "model.width",
@@ -73,7 +74,7 @@ def test_one_setting_changed_one_column(tmp_path, capsys):
     out = tmp_path / "checkpoints"
     a = fake_run(out, "a", ["data.split_seed=1"], [0.5])
     b = fake_run(out, "b", ["data.split_seed=2", "train.resume=auto"], [0.6])
-    assert cli.compare_main([str(a), str(b), "--out", str(tmp_path / "c.png")]) == 0
+    assert compare_main([str(a), str(b), "--out", str(tmp_path / "c.png")]) == 0
     head = table_of(capsys.readouterr().out)[0]
     assert head[5:] == ["data.split_seed"]  # train.resume says how a run started: not listed
 
@@ -88,7 +89,7 @@ def test_one_setting_changed_one_column(tmp_path, capsys):
 )
 def test_what_is_not_a_run_gets_one_line_and_exit_2(tmp_path, capsys, arg, message):
     (tmp_path / "empty").mkdir()
-    assert cli.compare_main([str(tmp_path / arg), "--out", str(tmp_path / "c.png")]) == 2
+    assert compare_main([str(tmp_path / arg), "--out", str(tmp_path / "c.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert not (tmp_path / "c.png").exists()
@@ -108,7 +109,7 @@ def test_script_writes_compare_png_in_the_working_folder(three_runs, tmp_path):
 def test_without_matplotlib_the_table_still_prints(three_runs, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what a missing package looks like
     out = tmp_path / "c.png"
-    assert cli.compare_main([str(three_runs), "--out", str(out)]) == 0
+    assert compare_main([str(three_runs), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert len(table_of(printed)) == 2 + 3 and not out.exists()
     assert "no plot without matplotlib; to draw it: pip install -e '.[plots]'" in printed

@@ -13,11 +13,12 @@ import pytest
 import torch
 from conftest import ROOT, run_script, tiny_with
 
-from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.predict import read_csv
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
+from {{ cookiecutter.package_name }}.tools.predict import predict_main, read_csv
 from {{ cookiecutter.package_name }}.trainer import fit
 
 FAST = ["run.device=cpu", "run.log_every=1000", "run.loggers=csv", "train.warmup_steps=5"]
@@ -100,7 +101,7 @@ def test_a_regression_target_trains_and_evaluates_with_the_same_numbers(demo_dat
     )
     result = fit(cfg)
     assert set(result["metrics"]) == {"loss", "rmse", "mae", "r2", "count"}
-    again = cli.evaluate_checkpoint(f"{cfg.run.output_dir}/reg/best.pt")
+    again = evaluate_checkpoint(f"{cfg.run.output_dir}/reg/best.pt")
     assert again["rmse"] == pytest.approx(result["best"], rel=1e-5)
 
 
@@ -204,14 +205,14 @@ def test_targets_far_from_zero_learn_at_the_example_settings(tmp_path):
     train, val, _ = build_datasets(cfg.data, "value")
     assert meta["target_mean"] == pytest.approx([y[train.indices].mean()], rel=1e-6)
     assert meta["target_std"] == pytest.approx([y[train.indices].std()], rel=1e-6)
-    metrics = cli.evaluate_checkpoint(str(best))
+    metrics = evaluate_checkpoint(str(best))
     linear = least_squares_r2(x, y, train.indices, val.indices)
     assert linear > 0.3 and metrics["r2"] > linear - 0.05, (metrics, linear)
     # rmse is in the target's own units, and so are predictions: those of the validation
     # rows give evaluate's rmse.
     assert 0.5 * 77 < metrics["rmse"] < 77
     out = tmp_path / "p.csv"
-    assert cli.predict_main(["--checkpoint", str(best), f"{tmp_path}/d.csv", f"--out={out}"]) == 0
+    assert predict_main(["--checkpoint", str(best), f"{tmp_path}/d.csv", f"--out={out}"]) == 0
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
     err = np.array([float(rows[i]["prediction"]) for i in val.indices]) - y[val.indices]

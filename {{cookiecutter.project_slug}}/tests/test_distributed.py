@@ -46,7 +46,8 @@ import sys
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from {{ cookiecutter.package_name }} import cli, loop, trainer
+from {{ cookiecutter.package_name }} import loop, trainer
+from {{ cookiecutter.package_name }}.tools.train import train_main
 
 fit, DDP = trainer.fit, trainer.DistributedDataParallel
 allreduces = []
@@ -86,7 +87,7 @@ def fit_and_dump(cfg):
 
 trainer.fit, trainer.DistributedDataParallel = fit_and_dump, CountingDDP
 loop.read_losses = stopping
-code = cli.train_main(sys.argv[2:])
+code = train_main(sys.argv[2:])
 raise SystemExit(0 if stop_after and code == 75 else code)  # 75: stopped as asked
 '''
 
@@ -526,7 +527,8 @@ from pathlib import Path
 
 import torch
 
-from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.errors import CheckpointError
 
 out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
@@ -550,7 +552,7 @@ if rank == 1:
     if os.environ.get("RANK1_CANNOT_READ"):
         checkpoint.load = unreadable
 torch.nn.utils.clip_grad_norm_ = slow_clip
-raise SystemExit(cli.train_main(sys.argv[2:]))
+raise SystemExit(train_main(sys.argv[2:]))
 """
 
 

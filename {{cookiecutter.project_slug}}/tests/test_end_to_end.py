@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import lm_overrides, stop_after, tiny_with
 
-from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.trainer import fit
 
 STOP = 3  # the optimizer step the stop arrives after, mid first epoch in each family
@@ -46,7 +46,7 @@ def test_train_stop_resume_and_evaluate(family, tmp_path, tiny, monkeypatch):
     resumed = fit(load_config(None, [*args, "train.resume=auto"]))
     assert resumed["epoch"] == 2 and resumed["step"] > STOP and not resumed["stopped"]
     run = Path(load_config(None, args).run.output_dir) / "e2e"
-    evaluated = cli.evaluate_checkpoint(str(run / "last.pt"))
+    evaluated = evaluate_checkpoint(str(run / "last.pt"))
     assert evaluated["step"] == resumed["step"]
     for name, value in resumed["metrics"].items():
         assert evaluated[name] == pytest.approx(value, rel=1e-5), name

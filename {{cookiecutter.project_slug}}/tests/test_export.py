@@ -18,10 +18,12 @@ import torch
 from conftest import ROOT, TINY
 from torch import nn
 
-from {{ cookiecutter.package_name }} import cli, export
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.inference import load_trained, validation_inputs
+from {{ cookiecutter.package_name }}.tools import export
+from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.inference import load_trained, validation_inputs
+from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 # Each test trains, then exports or checks parity: make test-all.
@@ -39,7 +41,7 @@ def best(tmp_path_factory) -> str:
 
 
 def run_export(best: str, fmt: str, out: Path, *args: str) -> int:
-    return cli.export_main(["--checkpoint", best, "--format", fmt, "--out", str(out), *args])
+    return export_main(["--checkpoint", best, "--format", fmt, "--out", str(out), *args])
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "export", "onnx"])
@@ -298,7 +300,7 @@ def artifact_and_predict(best: str, fmt: str, tmp_path: Path):
     with (tmp_path / "t.csv").open(newline="") as f:
         raw = torch.tensor([[float(r[c]) for c in "abc"] for r in csv.DictReader(f)])
     assert (
-        cli.predict_main(
+        predict_main(
             ["--checkpoint", best, str(tmp_path / "t.csv"), "--out", str(tmp_path / "p.csv")]
         )
         == 0

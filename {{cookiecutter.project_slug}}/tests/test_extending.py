@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, tiny_with
 
-from {{ cookiecutter.package_name }} import cli, data, models
+from {{ cookiecutter.package_name }} import data, models
 from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.trainer import fit
 
 pytestmark = pytest.mark.slow  # trains and evaluates: make test-all
@@ -57,5 +58,5 @@ def test_the_readme_s_new_dataset_and_model_train_and_evaluate(tmp_path, tiny, m
     assert result["metrics"]["acc"] > 0.6  # chance: 1/3
     saved = load_config(f"{load_config(None, args).run.output_dir}/default/config.yaml")
     assert saved.data.options.root == str(root) and saved.model.options.hidden == 16
-    metrics = cli.evaluate_checkpoint(f"{saved.run.output_dir}/default/best.pt")
+    metrics = evaluate_checkpoint(f"{saved.run.output_dir}/default/best.pt")
     assert metrics["acc"] == result["best"]

@@ -24,12 +24,12 @@ from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
 from {{ cookiecutter.package_name }} import checkpoint, distributed, parallel
-from {{ cookiecutter.package_name }}.cli import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks.classification import Classification
 from {{ cookiecutter.package_name }}.tasks.classification import Options as ClassificationOptions
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.trainer import NonFiniteLoss, evaluate, fit
 
 slow = pytest.mark.slow
@@ -69,7 +69,8 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from {{ cookiecutter.package_name }} import cli, trainer
+from {{ cookiecutter.package_name }} import trainer
+from {{ cookiecutter.package_name }}.tools.train import train_main
 
 out, rank = Path(sys.argv[1]), os.environ["RANK"]
 fit, build_optimizer, clip = trainer.fit, trainer.build_optimizer, torch.nn.utils.clip_grad_norm_
@@ -110,7 +111,7 @@ def fit_and_dump(cfg):
 if os.environ.get("SLOW_STEPS"):
     torch.nn.utils.clip_grad_norm_ = slow_clip
 trainer.fit, trainer.build_optimizer = fit_and_dump, capture
-raise SystemExit(cli.train_main(sys.argv[2:]))
+raise SystemExit(train_main(sys.argv[2:]))
 """
 
 

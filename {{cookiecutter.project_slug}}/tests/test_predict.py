@@ -11,9 +11,10 @@ import pytest
 import torch
 from conftest import CONFIGS, TINY, lm_overrides, tiny_with
 
-from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.inference import load_trained, validation_set
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
+from {{ cookiecutter.package_name }}.tools.inference import load_trained, validation_set
+from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 # Each test trains a run to predict with: make test-all.
@@ -27,7 +28,7 @@ def best_of(overrides: list[str], config=None) -> str:
 
 
 def predict(checkpoint: str, *args: str, out: Path) -> list[dict]:
-    assert cli.predict_main(["--checkpoint", checkpoint, *args, "--out", str(out)]) == 0
+    assert predict_main(["--checkpoint", checkpoint, *args, "--out", str(out)]) == 0
     with out.open(newline="") as f:
         return list(csv.DictReader(f))
 
@@ -38,7 +39,7 @@ def accuracy(rows: list[dict]) -> float:
 
 def test_synthetic_val_split_and_tensor_file_match_evaluate(tiny, tmp_path):
     best = best_of(tiny)
-    acc = cli.evaluate_checkpoint(best)["acc"]
+    acc = evaluate_checkpoint(best)["acc"]
     rows = predict(best, "--split", "val", out=tmp_path / "split.csv")
     assert len(rows) == 96 and accuracy(rows) == pytest.approx(acc)
     assert all(0 < float(r["probability"]) <= 1 for r in rows)
@@ -69,7 +70,7 @@ def val_rows(best: str, rows: list[dict], table: str) -> list[dict]:
 
 def test_csv_classes_match_evaluate_on_the_validation_rows(demo_data, tiny, tmp_path):
     best = csv_run(demo_data, tiny, "classes")
-    acc = cli.evaluate_checkpoint(best)["acc"]
+    acc = evaluate_checkpoint(best)["acc"]
     table = "data/demo/classes.csv"
     rows = predict(best, table, out=tmp_path / "p.csv")
     assert len(rows) == 2000 and {r["prediction"] for r in rows} <= {
@@ -82,7 +83,7 @@ def test_csv_classes_match_evaluate_on_the_validation_rows(demo_data, tiny, tmp_
 
 def test_csv_regression_values_match_evaluate_rmse(demo_data, tiny, tmp_path):
     best = csv_run(demo_data, tiny, "regression")
-    rmse = cli.evaluate_checkpoint(best)["rmse"]
+    rmse = evaluate_checkpoint(best)["rmse"]
     table = "data/demo/regression.csv"
     rows = val_rows(best, predict(best, table, out=tmp_path / "p.csv"), table)
     err = [float(r["prediction"]) - float(r["label"]) for r in rows]
@@ -103,7 +104,7 @@ def test_tensor_file_targets_far_from_zero_are_predicted_in_their_units(tiny, tm
     train_y = torch.load(tmp_path / "train.pt")["y"].double()
     assert meta["target_mean"] == pytest.approx(train_y.mean(0).tolist(), rel=1e-9)
     assert meta["target_std"] == pytest.approx(train_y.std(0, correction=0).tolist(), rel=1e-9)
-    rmse = cli.evaluate_checkpoint(best)["rmse"]
+    rmse = evaluate_checkpoint(best)["rmse"]
     rows = predict(best, str(tmp_path / "val.pt"), out=tmp_path / "p.csv")
     pred = torch.tensor([[float(r["prediction_0"]), float(r["prediction_1"])] for r in rows])
     err = pred - torch.load(tmp_path / "val.pt")["y"]
@@ -113,12 +114,12 @@ def test_tensor_file_targets_far_from_zero_are_predicted_in_their_units(tiny, tm
 def test_a_table_without_the_trained_columns_is_one_line(demo_data, tiny, tmp_path, capsys):
     best = csv_run(demo_data, tiny, "classes")
     (tmp_path / "short.csv").write_text("f0,f1\n1,2\n")
-    code = cli.predict_main(["--checkpoint", best, str(tmp_path / "short.csv")])
+    code = predict_main(["--checkpoint", best, str(tmp_path / "short.csv")])
     err = capsys.readouterr().err
     assert code == 2 and "lacks the feature column 'f2'" in err and len(err.splitlines()) == 1
     (tmp_path / "notes.txt").write_text("hi")
-    assert cli.predict_main(["--checkpoint", best, str(tmp_path / "notes.txt")]) == 2
-    assert cli.predict_main(["--checkpoint", best, "--prompt", "hi"]) == 2
+    assert predict_main(["--checkpoint", best, str(tmp_path / "notes.txt")]) == 2
+    assert predict_main(["--checkpoint", best, "--prompt", "hi"]) == 2
     assert "unknown file type" in capsys.readouterr().err
 
 
@@ -138,7 +139,7 @@ def test_image_files_match_evaluate(tiny, tmp_path):
     best = best_of(
         tiny_with(tiny, *data, "model.name=mlp", "train.batch_size=8", "train.epochs=1")
     )
-    acc = cli.evaluate_checkpoint(best)["acc"]
+    acc = evaluate_checkpoint(best)["acc"]
     rows = predict(best, str(tmp_path / "img" / "val"), out=tmp_path / "p.csv")
     assert len(rows) == 16 and accuracy(rows) == pytest.approx(acc)
 
@@ -147,10 +148,10 @@ def test_a_prompt_is_continued_with_the_checkpoint_vocabulary(tiny, tmp_path, ca
     (tmp_path / "t.txt").write_text("abcab" * 400)
     best = best_of(tiny_with(tiny, *lm_overrides(tmp_path, tmp_path / "t.txt")))
     capsys.readouterr()
-    code = cli.predict_main(["--checkpoint", best, "--prompt", "ab", "--tokens", "5"])
+    code = predict_main(["--checkpoint", best, "--prompt", "ab", "--tokens", "5"])
     text = capsys.readouterr().out.strip()
     assert code == 0 and text.startswith("ab") and len(text) == 7 and set(text) <= set("abc")
-    assert cli.predict_main(["--checkpoint", best, "--prompt", "xyz"]) == 2
+    assert predict_main(["--checkpoint", best, "--prompt", "xyz"]) == 2
 
 
 # Bad inputs: each is refused before the model runs, on one line naming the input and the fix;
@@ -219,7 +220,7 @@ def refused(capsys, tmp_path, argv: list[str]) -> str:
     out.write_text("kept\n")
     before = set(tmp_path.iterdir())
     capsys.readouterr()
-    code = cli.predict_main([*argv, "--out", str(out)])
+    code = predict_main([*argv, "--out", str(out)])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
     assert out.read_text() == "kept\n" and set(tmp_path.iterdir()) == before

@@ -14,9 +14,11 @@ import torch
 from conftest import CONFIGS, ROOT, TINY, run_script
 from test_distributed import STANDALONE, child_env
 
-from {{ cookiecutter.package_name }} import cli, report
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.tasks import build_task
+from {{ cookiecutter.package_name }}.tools import report
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint, evaluate_main
+from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import evaluate, fit
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -66,7 +68,7 @@ def test_evaluate_writes_the_report_beside_the_checkpoint(tiny, tmp_path):
     assert (folder / "confusion_matrix.png").read_bytes().startswith(PNG)
     # The per-class numbers are those of the predictions predict.py writes for the split.
     out = tmp_path / "val.csv"
-    assert cli.predict_main(["--checkpoint", str(best), "--split", "val", "--out", str(out)]) == 0
+    assert predict_main(["--checkpoint", str(best), "--split", "val", "--out", str(out)]) == 0
     with out.open() as f:
         rows = list(csv.DictReader(f))
     a = "angle_0"
@@ -94,7 +96,7 @@ def test_regression_report_draws_predicted_against_true(demo_data, tiny, tmp_pat
     )
     fit(cfg)
     best = str(Path(output_dir) / "csv_regression" / "best.pt")
-    assert cli.evaluate_main(["--checkpoint", best, "--report", str(tmp_path / "r")]) == 0
+    assert evaluate_main(["--checkpoint", best, "--report", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "pred_vs_true.png").read_bytes().startswith(PNG)
     assert json.loads((tmp_path / "r" / "report.json").read_text())["metrics"]["count"] == 200
 
@@ -118,7 +120,7 @@ def test_without_matplotlib_the_report_is_written_without_pictures(tiny, capsys,
     best = str(Path(load_config(None, tiny).run.output_dir) / "default" / "best.pt")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     capsys.readouterr()
-    assert cli.evaluate_main(["--checkpoint", best]) == 0
+    assert evaluate_main(["--checkpoint", best]) == 0
     out = capsys.readouterr().out
     assert "note: matplotlib is not installed" in out
     folder = Path(best).with_name("best_report")
@@ -142,7 +144,7 @@ def test_under_torchrun_the_report_counts_each_sample_once(tmp_path):
     common = [*TINY, "data.val_size=97", f"run.output_dir={tmp_path}"]
     fit(load_config(None, [*common, "train.max_steps=8"]))
     best = tmp_path / "default" / "last.pt"
-    alone = cli.evaluate_checkpoint(str(best), ["run.device=cpu"], str(tmp_path / "alone"))
+    alone = evaluate_checkpoint(str(best), ["run.device=cpu"], str(tmp_path / "alone"))
     proc = evaluate_on_two_ranks(best, tmp_path / "two")
     assert proc.stdout.count("report: ") == 1  # rank 0 alone writes
     two = json.loads((tmp_path / "two" / "report.json").read_text())
@@ -163,7 +165,7 @@ def test_regression_on_a_rank_without_validation_samples(tmp_path):
     common += ["train.batch_size=8", "train.epochs=1", "run.device=cpu", "run.loggers=[csv]"]
     fit(load_config(None, [*common, *data, f"run.output_dir={tmp_path}"]))
     best = tmp_path / "default" / "best.pt"
-    alone = cli.evaluate_checkpoint(str(best), ["run.device=cpu"])
+    alone = evaluate_checkpoint(str(best), ["run.device=cpu"])
     evaluate_on_two_ranks(best, tmp_path / "two")
     two = json.loads((tmp_path / "two" / "report.json").read_text())["metrics"]
     assert two["count"] == alone["count"] == 1

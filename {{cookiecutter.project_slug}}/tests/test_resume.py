@@ -326,7 +326,8 @@ def test_checkpoints_are_read_on_the_cpu(tiny, monkeypatch):
 # during the final save, SIGUSR1 during teardown. Only the first may count.
 _SIGNALLED = """
 import os, signal, sys
-from {{ cookiecutter.package_name }} import cli, distributed, loop, run_folder
+from {{ cookiecutter.package_name }} import distributed, loop, run_folder
+from {{ cookiecutter.package_name }}.tools.train import train_main
 
 read, save, teardown = loop.read_losses, run_folder.RunFolder.save, distributed.teardown
 
@@ -345,7 +346,7 @@ def tearing_down():
 
 loop.read_losses, run_folder.RunFolder.save = read_losses, saving
 distributed.teardown = tearing_down
-raise SystemExit(cli.train_main(sys.argv[1:]))
+raise SystemExit(train_main(sys.argv[1:]))
 """
 
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch.utils.data import Dataset, Subset
 
-from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import build_datasets, build_loader
 from {{ cookiecutter.package_name }}.data.synthetic import SyntheticGratings
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.trainer import fit
 
 SMALL = ["data.train_size=200", "data.val_size=30", "data.image_size=4", "data.num_classes=4"]
@@ -130,7 +131,7 @@ def test_a_fold_run_validates_on_its_fold_and_evaluate_rebuilds_it(tiny):
     best = cfg.run.output_dir + "/fold1/best.pt"
     state = checkpoint.load(best)
     assert state["config"]["data"]["fold"] == 1 and state["data"]["split"]["val"] == expected
-    assert cli.evaluate_checkpoint(best)["count"] == expected
+    assert evaluate_checkpoint(best)["count"] == expected
 
 
 @pytest.mark.parametrize(

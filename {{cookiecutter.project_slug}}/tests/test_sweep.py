@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TINY, run_script
 
-from {{ cookiecutter.package_name }} import sweep
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.sweep_report import aggregate
+from {{ cookiecutter.package_name }}.tools import sweep
+from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
 
 GRID = ["train.lr=1e-3,3e-3", "model.depth=1,2"]
 DETERMINISTIC = [*TINY, "run.deterministic=true"]

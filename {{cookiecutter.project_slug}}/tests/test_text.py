@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import CONFIGS, ROOT, lm_overrides, run_script
 
-from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import DataConfig, ModelConfig, load_config
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.data.text import Options, TextChars
@@ -18,6 +18,8 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.models.transformer import Options as TransformerOptions
 from {{ cookiecutter.package_name }}.models.transformer import Transformer
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
+from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 TEXT = "The quick brown fox jumps over the lazy dog; déjà vu, ☃.\n" * 4
@@ -66,11 +68,11 @@ def test_the_checkpoint_carries_the_vocabulary_and_evaluation_checks_it(tmp_path
     result = fit(load_config(None, lm_overrides(tmp_path, path)))
     best = tmp_path / "runs" / "default" / "best.pt"
     assert checkpoint.load(best)["data"]["vocab"] == "".join(sorted(set(TEXT)))
-    assert cli.evaluate_checkpoint(str(best))["perplexity"] == pytest.approx(result["best"])
+    assert evaluate_checkpoint(str(best))["perplexity"] == pytest.approx(result["best"])
     # Same length and windows, one character swapped for a new one: other token ids.
     path.write_text((TEXT * 2).replace("q", "Q"), encoding="utf-8")
     with pytest.raises(ConfigError, match="another character set than the training run's"):
-        cli.evaluate_checkpoint(str(best))
+        evaluate_checkpoint(str(best))
 
 
 @pytest.mark.parametrize(
@@ -85,7 +87,7 @@ def test_bad_text_files_get_one_error_line(tmp_path, capsys, content, message):
     path = tmp_path / "text.txt"
     if content is not None:
         path.write_bytes(content)
-    assert cli.train_main(lm_overrides(tmp_path, path)) == 2
+    assert train_main(lm_overrides(tmp_path, path)) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: text file ") and message in lines[0]
     assert not (tmp_path / "runs").exists()

@@ -11,10 +11,12 @@ import pytest
 import torch
 from conftest import ROOT, run_script, stop_after, tiny_with
 
-from {{ cookiecutter.package_name }} import checkpoint, cli, trainer
+from {{ cookiecutter.package_name }} import checkpoint, trainer
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data.in_memory import InMemoryDataset
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint, evaluate_main
+from {{ cookiecutter.package_name }}.tools.train import smoke_main, train_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 
@@ -153,7 +155,7 @@ def test_max_steps_mid_epoch_validates_the_final_model_and_ends_the_lr_at_its_fl
     cfg = load_config(None, [*tiny, "train.max_steps=10"])
     result = fit(cfg)
     out = Path(run_dir(tiny))
-    final = cli.evaluate_checkpoint(str(out / "last.pt"))
+    final = evaluate_checkpoint(str(out / "last.pt"))
     assert final["step"] == result["step"] == 10 and result["stopped"] == "max_steps"
     metrics = {k: v for k, v in final.items() if k not in ("checkpoint", "step")}
     assert result["metrics"] == metrics
@@ -177,7 +179,7 @@ def test_a_signal_at_the_max_steps_step_still_ends_the_run_validated(tiny, monke
     extra = stop_after(monkeypatch, 10)
     result = fit(load_config(None, [*tiny, *extra, "train.max_steps=10"]))
     out = Path(run_dir(tiny))
-    final = cli.evaluate_checkpoint(str(out / "last.pt"))
+    final = evaluate_checkpoint(str(out / "last.pt"))
     assert result["stopped"] == "max_steps" and final["step"] == 10
     assert result["metrics"] == {k: v for k, v in final.items() if k not in ("checkpoint", "step")}
     assert (out.parent / "runs.csv").exists()
@@ -240,12 +242,23 @@ OPTIONAL = (
     "onnxruntime",
     "wandb",
     "mlflow",
+    # The tools a training run does not use (its entry point is tools/train.py).
     *(
-        f"{trainer.__package__}.{tool}"
-        for tool in ("compare", "export", "inference", "predict", "report", "sweep")
+        f"{trainer.__package__}.tools.{tool}"
+        for tool in (
+            "compare",
+            "export",
+            "formats",
+            "inference",
+            "predict",
+            "predict_inputs",
+            "report",
+            "serving",
+            "sweep",
+            "sweep_plan",
+            "sweep_report",
+        )
     ),
-    f"{trainer.__package__}.sweep_plan",
-    f"{trainer.__package__}.sweep_report",
 )
 
 # In a fresh process: the modules loaded once a run is built (package imported, config loaded),
@@ -253,7 +266,7 @@ OPTIONAL = (
 # imports FSDP and DTensor: every torch loop pays that), then after a tiny plain run.
 _BUILD = """
 import json, sys
-from PKG import cli, trainer
+from PKG import trainer
 from PKG.config import load_config
 load_config(None, OVERRIDES)
 loaded = {"built": sorted(sys.modules)}
@@ -265,7 +278,8 @@ optimizer = torch.optim.AdamW(net.parameters(), fused=True)
 net(torch.zeros(1, 2)).sum().backward()
 optimizer.step()
 loaded["loop"] = sorted(sys.modules)
-assert cli.train_main(OVERRIDES) == 0
+from PKG.tools.train import train_main
+assert train_main(OVERRIDES) == 0
 loaded["run"] = sorted(sys.modules)
 """
 
@@ -300,18 +314,18 @@ def test_a_plain_run_loads_no_optional_path(tiny):
 @pytest.mark.parametrize(
     ("main", "example"),
     [
-        (cli.train_main, "train.epochs=3"),
-        (cli.evaluate_main, "run.device=cpu data.num_workers=4"),
-        (cli.smoke_main, "run.device=cpu model.name=mlp"),
+        (train_main, "train.epochs=3"),
+        (evaluate_main, "run.device=cpu data.num_workers=4"),
+        (smoke_main, "run.device=cpu model.name=mlp"),
     ],
 )
 def test_each_script_shows_overrides_that_mean_something_to_it(main, example, capsys):
-    args = (ROOT, ["--help"]) if main is cli.smoke_main else (["--help"],)
+    args = (ROOT, ["--help"]) if main is smoke_main else (["--help"],)
     with pytest.raises(SystemExit):
         main(*args)
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"e.g. {example}" in help_text
-    if main is not cli.train_main:  # training settings do nothing when evaluating
+    if main is not train_main:  # training settings do nothing when evaluating
         assert "train.epochs" not in help_text
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from .config import from_dict
-from .utils.plots import INSTALL_HINT, available, save_figure, subplot_grid
+from ..config import from_dict
+from ..utils.plots import INSTALL_HINT, available, save_figure, subplot_grid
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -167,7 +167,7 @@ def best_value(sweep_dir: Path, trial: str, metric: str, runs: dict) -> float | 
     last = sweep_dir / trial / "last.pt"
     if not last.exists():
         return None
-    from .checkpoint import load  # torch: only for runs that never wrote their row
+    from ..checkpoint import load  # torch: only for runs that never wrote their row
 
     best = load(last).get("progress", {}).get("best")
     return None if best is None else float(best)

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from . import checkpoint
-from .config import Config, load_config
-from .data import example_inputs
-from .models import build_model, example_of, model_io
-from .tasks import TASKS, build_task
-from .trainer import build_data
+from .. import checkpoint
+from ..config import Config, load_config
+from ..data import example_inputs
+from ..models import build_model, example_of, model_io
+from ..tasks import TASKS, build_task
+from ..trainer import build_data
 
 
 @dataclass

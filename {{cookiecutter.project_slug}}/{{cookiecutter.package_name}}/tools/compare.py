@@ -8,16 +8,18 @@ runs.csv, else last.pt), so runs from different sweeps and output folders mix fr
 
 from __future__ import annotations
 
+import argparse
 import glob
 import math
 from pathlib import Path
 
 import yaml
 
-from .config import from_dict
-from .errors import UserError
+from ..config import from_dict
+from ..errors import UserError
+from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
+from .cli import guard
 from .sweep_report import best_value, markdown_table, runs_table
-from .utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
 
 # How a run was named or started, not how it trained: never listed as a difference.
 NOT_COMPARED = ("run.name", "train.resume")
@@ -189,3 +191,26 @@ def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f}s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Compare runs: a table of their results and the settings that differ, "
+        "and their validation curves on one plot."
+    )
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run folders (checkpoints/<run.name>), folders of runs (a sweep), or a glob: "
+        "checkpoints/*",
+    )
+    parser.add_argument("--out", default="compare.png", help="the plot (default: compare.png)")
+    parser.add_argument("--x", choices=("step", "epoch"), default="step", help="x axis")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        return compare(args.runs, Path(args.out), args.x)
+
+    return guard(run, args.debug)

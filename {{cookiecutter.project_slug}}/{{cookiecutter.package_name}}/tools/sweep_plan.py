@@ -11,8 +11,8 @@ import re
 import shlex
 import subprocess
 
-from .config import load_config
-from .errors import ConfigError
+from ..config import load_config
+from ..errors import ConfigError
 
 # Set per trial by the sweep: a fixed override of one of these would be overwritten.
 PER_TRIAL = ("run.name", "train.resume")

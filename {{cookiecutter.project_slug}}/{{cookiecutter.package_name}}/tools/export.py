@@ -20,127 +20,31 @@ runs the parity check, which is skipped with a note without it).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
-import importlib.util
-import io
 import json
-import logging
 import math
 import os
 import re
 import shutil
+import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .checkpoint import fsync_dir
-from .errors import UserError, first_line
+from ..checkpoint import fsync_dir
+from ..errors import UserError, first_line
+from .cli import guard
+from .formats import EXPORTERS, ExportError, quiet, run_artifact, write_bytes
 from .inference import Trained, load_trained, validation_inputs
 from .serving import Serving, contract, serving_model
 
 SUFFIXES = {"torchscript": ".torchscript.pt", "export": ".pt2", "onnx": ".onnx"}
 ALTERNATIVES = {"torchscript": "export", "export": "torchscript", "onnx": "export"}
 SAMPLES = 64  # validation inputs the parity check runs
-EMBED_LIMIT = 1536 * 2**20  # weights up to this size go inside the .onnx (torch's own margin)
-
-
-class ExportError(UserError):
-    """A model that the chosen exporter cannot handle."""
-
-
-def _batch_dim() -> dict:
-    return {0: torch.export.Dim("batch", min=1, max=65536)}
-
-
-def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    # Tracing records the ops run on `example`: shapes flow from the input, so other batch
-    # sizes work; Python control flow on values is frozen (torch.export reports it instead).
-    traced = torch.jit.trace(model, example)
-    buffer = io.BytesIO()  # serialised in memory: torch's own file writer aborts on a full disk
-    torch.jit.save(traced, buffer)
-    write_bytes(path, buffer.getvalue())
-
-
-def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    write_bytes(path, buffer.getvalue())
-
-
-def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ExportError(
-            f"--format onnx needs {' and '.join(missing)}: pip install -e '.[export]' (or use "
-            "--format export)"
-        )
-    program = torch.onnx.export(
-        model,
-        (example,),
-        dynamo=True,
-        input_names=["input"],
-        output_names=["output"],
-        dynamic_shapes=(_batch_dim(),),
-    )
-    size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    if size <= EMBED_LIMIT:  # one file: the weights inside the protobuf
-        write_bytes(path, program.model_proto.SerializeToString())
-    else:  # protobuf caps a file at 2 GB: the weights go to <name>.data beside it
-        program.save(str(path), external_data=True)
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write and fsync in Python, where a full disk or a file-size limit is an OSError."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-@contextlib.contextmanager
-def _quiet():
-    """The exporters narrate every stage, log what they try (the ONNX one warns about
-    torchvision ops no model here uses) and trip deprecation warnings inside torch: none is
-    about the user's model, and a failure is reported as one line anyway."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with (
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),  # graph dumps of a failed export
-            warnings.catch_warnings(),
-        ):
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
-    finally:
-        logger.setLevel(level)
-
-
-EXPORTERS = {"torchscript": export_torchscript, "export": export_program, "onnx": export_onnx}
-
-
-def run_artifact(fmt: str, path: Path, x: torch.Tensor) -> torch.Tensor | None:
-    """The written artifact's outputs for `x`, loaded back from its file; None where nothing
-    here can run it (ONNX without onnxruntime)."""
-    if fmt == "torchscript":
-        with warnings.catch_warnings():  # torch >= 2.10 calls TorchScript deprecated: we know
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return torch.jit.load(str(path))(x)
-    if fmt == "export":
-        return torch.export.load(str(path)).module()(x)
-    if importlib.util.find_spec("onnxruntime") is None:
-        return None
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return torch.from_numpy(session.run(None, {"input": x.numpy()})[0])
 
 
 def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4) -> dict:
@@ -181,7 +85,7 @@ def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4
 
 def _export(fmt: str, trained: Trained, model: nn.Module, example, path: Path) -> None:
     try:
-        with _quiet():
+        with quiet():
             EXPORTERS[fmt](model, example, path)
     except (ExportError, OSError):  # a write that failed is not the model's fault
         raise
@@ -287,3 +191,40 @@ def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
         "parity": parity,
         "torch": str(torch.__version__),
     }
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Export a checkpoint's model, checked against the eager model."
+    )
+    parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument("--format", required=True, choices=["torchscript", "export", "onnx"])
+    parser.add_argument("--out", help="file to write (default: beside the checkpoint)")
+    parser.add_argument("--atol", type=float, default=1e-4, help="largest output difference")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        meta = export(args.checkpoint, args.format, args.out, args.atol)
+        parity, where = meta["parity"], f"{Path(meta['checkpoint']).parent}/{meta['file']}"
+        where = args.out or where
+        if len(meta["files"]) > 1:  # ONNX over 2 GB: the weights are a second file
+            where += f" + {' + '.join(meta['files'][1:])} (keep them together)"
+        if "note" in parity:
+            print(f"wrote {where} (+ .json); parity: {parity['note']}")
+            return 0
+        line = (
+            f"max abs difference {parity['max_abs_diff']:.2e} on {parity['samples']} "
+            f"{parity['inputs']} inputs (atol {parity['atol']:g})"
+        )
+        if not parity["passed"]:
+            print(
+                f"error: {args.format} export of {where} FAILED parity: {line}; nothing written, "
+                "any previous file is unchanged",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"wrote {where} (+ .json): {line}")
+        return 0
+
+    return guard(run, args.debug)

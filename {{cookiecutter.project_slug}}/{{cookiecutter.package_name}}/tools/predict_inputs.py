@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from .data.csv_table import is_number
-from .data.image_folder import decode
-from .errors import ConfigError
+from ..data.csv_table import is_number
+from ..data.image_folder import decode
+from ..errors import ConfigError
 from .inference import Trained, validation_set
 
 SAVE = "the inputs with torch.save, in a dict with the key 'x'"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
-from .utils.plots import INSTALL_HINT, available, save_figure
+from .. import distributed
+from ..utils.plots import INSTALL_HINT, available, save_figure
 
 
 class Collector:

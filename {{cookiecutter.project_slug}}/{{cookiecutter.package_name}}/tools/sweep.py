@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+from ..config import load_config
+from ..errors import ConfigError, UserError
+from ..utils import locks, signals
 from . import sweep_report
-from .config import load_config
-from .errors import ConfigError, UserError
 from .sweep_plan import plan, slots_for, submit_array
-from .utils import locks, signals
 
 EXIT_PREEMPTED = 75
 # What going without the manifest lock risks (a filesystem without locks).

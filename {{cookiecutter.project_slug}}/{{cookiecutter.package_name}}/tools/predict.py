@@ -26,6 +26,7 @@ the predicted values (regression: in the targets' units, mapped back with meta["
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io as text_io
 import math
@@ -37,11 +38,12 @@ from typing import NamedTuple
 
 import torch
 
-from .data.image_folder import EXTENSIONS
-from .errors import ConfigError
+from ..data.image_folder import EXTENSIONS
+from ..errors import ConfigError, UserError
+from ..utils.device import resolve_device
+from .cli import guard
 from .inference import Trained, load_trained
 from .predict_inputs import read_csv, read_images, read_split, read_tensors
-from .utils.device import resolve_device
 
 IMAGE_SUFFIXES = EXTENSIONS  # the files image folders train on
 
@@ -233,3 +235,47 @@ def generate(
     idx = torch.tensor([[index[c] for c in prompt]], device=target)
     out = trained.model.to(target).generate(idx, tokens, temperature=temperature, top_k=top_k)
     return "".join(vocab[i] for i in out[0].tolist())
+
+
+def predict_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Predict with a checkpoint: a CSV of predictions, or generated text."
+    )
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV, .pt, images, folders")
+    parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument("--split", choices=["val"], help="the run's own validation split")
+    parser.add_argument("--out", help="CSV file to write (default: print the CSV)")
+    parser.add_argument("--batch-size", type=int, default=256, help="inputs per forward pass")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda")
+    parser.add_argument("--prompt", help="language models: text to continue")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 picks the likeliest")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        if args.prompt is not None:
+            if args.inputs or args.split:
+                given = repr(args.inputs[0]) if args.inputs else f"--split {args.split}"
+                raise UserError(f"--prompt continues text: leave out {given}, or the prompt")
+            text = generate(
+                args.checkpoint,
+                args.prompt,
+                args.tokens,
+                args.temperature,
+                args.top_k,
+                args.device,
+            )
+            print(text)
+            return 0
+        done = predict(
+            args.checkpoint, args.inputs, args.split, args.out, args.batch_size, args.device
+        )
+        if args.out:
+            acc = done["accuracy"]
+            note = f" (accuracy {acc:.4f} against the labels given)" if acc is not None else ""
+            print(f"wrote {done['rows']} predictions to {args.out}{note}")
+        return 0
+
+    return guard(run, args.debug)

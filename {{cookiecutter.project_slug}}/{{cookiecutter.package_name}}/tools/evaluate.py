@@ -1,0 +1,104 @@
+"""scripts/evaluate.py and scripts/consolidate.py: validate a checkpoint (with an optional
+report), or write a sharded checkpoint's full model to one file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .cli import guard, make_parser
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    # The checkpoint's own config describes the model; overrides here choose how to evaluate.
+    parser = make_parser(
+        "Evaluate a checkpoint on the validation split; prints the metrics.",
+        example="run.device=cpu data.num_workers=4",
+    )
+    parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
+    parser.add_argument(
+        "--report", help="folder for the report (default: <checkpoint stem>_report beside it)"
+    )
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        stem = Path(args.checkpoint)
+        report = args.report or str(stem.with_name(f"{stem.stem}_report"))
+        metrics = evaluate_checkpoint(args.checkpoint, args.overrides, report)
+        if metrics is not None:  # only rank 0 reports under torchrun
+            print(
+                " | ".join(
+                    f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in metrics.items()
+                )
+            )
+            print(json.dumps(metrics))
+        return 0
+
+    return guard(run, args.debug)
+
+
+def evaluate_checkpoint(
+    path: str, overrides: list[str] = (), report_dir: str | None = None
+) -> dict | None:
+    """Rebuild the model from the checkpoint's own config (plus overrides) and validate it;
+    with `report_dir`, write the evaluation report there (report.py)."""
+    from .. import distributed
+    from ..data import build_loader, close_loader
+    from ..trainer import build_data, evaluate
+    from . import report
+    from .inference import load_trained
+
+    # The model from the checkpoint alone; a bare state_dict carries no config: the defaults
+    # plus the overrides describe its model.
+    trained = load_trained(path, overrides)
+    cfg = trained.cfg
+    dist, device = distributed.setup(cfg.run.device)
+    loader = None
+    try:
+        # The checkpoint's data meta: the training run's normalisation, classes and split.
+        _, val_set, _, task = build_data(cfg, trained.meta or None)
+        loader = build_loader(
+            val_set,
+            cfg.data,
+            2 * cfg.train.batch_size,
+            train=False,
+            seed=cfg.run.seed,
+            rank=dist.rank,
+            world_size=dist.world_size,
+        )
+        collector = report.Collector(cfg.task.name, task.num_outputs, device)
+        model = trained.model.to(device)
+        metrics = evaluate(model, loader, task, device, cfg.train.amp, collector)
+        if report_dir:
+            collector.finish()  # a collective: every rank takes part
+        metrics = {"checkpoint": path, "step": trained.step, **metrics}
+        if report_dir and dist.is_main:
+            classes = trained.meta.get("classes")
+            for line in report.write(Path(report_dir), metrics, collector, classes):
+                print(line)
+        return metrics if dist.is_main else None
+    finally:
+        if loader is not None:
+            close_loader(loader)
+        distributed.teardown()
+
+
+def consolidate_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Write the full model of a sharded (train.strategy=fsdp) checkpoint to one "
+        "file that scripts/evaluate.py and train.init_from read."
+    )
+    parser.add_argument("--checkpoint", required=True, help="step-N.pt, last.pt or best.pt")
+    parser.add_argument("--out", help="file to write (default: <checkpoint>.full.pt beside it)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        from ..parallel import consolidate
+
+        print(f"wrote {consolidate(args.checkpoint, args.out)}")
+        return 0
+
+    return guard(run, args.debug)

@@ -51,7 +51,7 @@ def tiny_with(tiny: list[str], *extra: str) -> list[str]:
         section, _, key = arg.split("=")[0].partition(".")
         name = chosen.get(f"{section}.name")
         if section in config.COMPONENTS and name in config.components(section):
-            common = {f.name for f in dataclasses.fields(config._SECTIONS[section])}
+            common = {f.name for f in dataclasses.fields(config.SECTIONS[section])}
             own = {f.name for f in dataclasses.fields(config.options_type(section, name))}
             if key not in common | own:
                 continue

@@ -24,7 +24,6 @@ from dataclasses import replace
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 
-from ..config import DataConfig
 from ..errors import ConfigError
 from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
@@ -50,10 +49,11 @@ DATASETS = {
 }
 
 
-def build_datasets(cfg: DataConfig, targets: str, meta: dict | None = None):
-    """(train, val, meta) for cfg: the dataset's own splits, or a held-out part of its one
-    pool, or k folds. `targets` ("class", "value", "tokens") is what the task needs; `meta`
-    (from a checkpoint) makes evaluation use the training run's preprocessing and split."""
+def build_datasets(cfg, targets: str, meta: dict | None = None):
+    """(train, val, meta) for cfg (the config's data section): the dataset's own splits, or a
+    held-out part of its one pool, or k folds. `targets` ("class", "value", "tokens") is what
+    the task needs; `meta` (from a checkpoint) makes evaluation use the training run's
+    preprocessing and split."""
     source = DATASETS[cfg.name]
     opts = cfg.options
     if getattr(opts, "targets", None) == "auto":  # e.g. a CSV's label column: the task decides
@@ -85,7 +85,7 @@ class Split(Subset):
         return [self[item] for item in items]
 
 
-def _split(pool: Dataset, cfg: DataConfig) -> tuple[list[int], list[int], dict]:
+def _split(pool: Dataset, cfg) -> tuple[list[int], list[int], dict]:
     n = len(pool)
     if cfg.folds >= 2:
         if cfg.folds > n:
@@ -152,7 +152,7 @@ def source_of(dataset: Dataset) -> Dataset:
 
 def build_loader(
     dataset: Dataset,
-    cfg: DataConfig,
+    cfg,
     batch_size: int,
     train: bool,
     seed: int,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ModelConfig, closest
+from ..config.text import closest
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
 from .mlp import MLP
@@ -26,8 +26,9 @@ MODELS = {
 }
 
 
-def build_model(cfg: ModelConfig, example: torch.Tensor, num_outputs: int) -> nn.Module:
-    """The model of cfg for inputs like `example` (a batch of real samples, on the CPU).
+def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
+    """The model of cfg (the config's model section) for inputs like `example` (a batch of
+    real samples, on the CPU).
 
     The model runs on `example` before it is returned, so a model that cannot run on this data
     (a cnn too deep for small images, a cnn on feature rows) or does not fit in memory is
@@ -89,7 +90,7 @@ def _try_forward(model: nn.Module, example: torch.Tensor) -> torch.Tensor:
         model.train()
 
 
-def _size_keys(cfg: ModelConfig) -> str:
+def _size_keys(cfg) -> str:
     sizes = [f"model.{k}" for k, v in vars(cfg.options).items() if type(v) is int]
     return " or ".join(sizes) or "the model's size"
 

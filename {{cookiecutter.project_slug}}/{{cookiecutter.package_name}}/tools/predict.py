@@ -88,7 +88,7 @@ def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
 def check_options(
     batch_size: int = 1, device: str = "auto", temperature: float = 1.0, top_k: int = 0
 ) -> torch.device:
-    """Refuse option values that cannot run (as config.py refuses run.device); the device."""
+    """Refuse option values that cannot run (as the config refuses run.device); the device."""
     if batch_size <= 0:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     if not math.isfinite(temperature) or temperature < 0:

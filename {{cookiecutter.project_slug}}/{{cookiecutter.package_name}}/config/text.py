@@ -1,10 +1,12 @@
 """Config text, before it knows any section: YAML files (with `extends:`), the values of
 `key=value` overrides, and values checked against their declared types, each problem one
-ConfigError line naming the key, the file or the value. config.py builds the settings."""
+ConfigError line naming the key, the file or the value; "did you mean" for unknown and
+renamed keys. load.py builds the settings."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import math
 import typing
@@ -13,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def read_file(
@@ -143,3 +145,34 @@ def coerce_list(value: Any, item: Any, key: str) -> list:
         )
     items = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     return list(dict.fromkeys(items))
+
+
+# Keys of earlier versions of this project, and what replaced them.
+RENAMED = {
+    "run.tensorboard": "run.loggers (a list: run.loggers=csv,tensorboard; false: run.loggers=csv)",
+    "data.fold_seed": "data.split_seed (it seeds the validation split too)",
+}
+
+
+def unknown_key(cls, prefix: str, key: str, value: Any, every_key) -> str:
+    """The error for a key that `cls` lacks, with the closest valid key (`every_key()`: all
+    the config's keys). The section and the
+    key are matched apart: `trian.epochs` gets section train, then the key epochs within it."""
+    if f"{prefix}{key}" in RENAMED:  # a config or checkpoint of an earlier version
+        return f"config key '{prefix}{key}' is now {RENAMED[prefix + key]}"
+    hints = typing.get_type_hints(cls)
+    name, guess = f"{prefix}{key}", closest(key, hints)
+    if isinstance(value, dict) and value:  # a misspelt section: name its first key too
+        inner = str(next(iter(value)))
+        name += f".{inner}"
+        if guess and dataclasses.is_dataclass(hints[guess]):
+            sub = closest(inner, typing.get_type_hints(hints[guess]))
+            guess = f"{guess}.{sub}" if sub else guess
+    if guess is None:  # a key of one other section: train.seed -> run.seed, epochs -> train.epochs
+        leaf = closest(key, {k.rpartition(".")[2] for k in every_key()})
+        found = [k for k in every_key() if leaf and k.endswith(f".{leaf}")]
+        guess = found[0] if len(found) == 1 else None
+    else:
+        guess = prefix + guess
+    hint = f" (did you mean '{guess}'?)" if guess else ""
+    return f"unknown config key '{name}'{hint}"

@@ -1,0 +1,117 @@
+"""Value checks that types alone cannot express; each error names the key and the rule."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigError
+from .schema import COMPONENTS, Config, DataConfig, TrainConfig, components
+from .text import closest
+
+
+def validate(cfg: Config) -> None:
+    """Value checks that types alone cannot express; each error names the key and the rule."""
+    checks = [
+        ("train.epochs", cfg.train.epochs >= 0, ">= 0"),
+        ("train.batch_size", cfg.train.batch_size >= 1, ">= 1"),
+        ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "a finite number > 0"),
+        ("train.ref_batch_size", cfg.train.ref_batch_size >= 1, ">= 1"),
+        ("train.weight_decay", cfg.train.weight_decay >= 0, ">= 0"),
+        ("train.warmup_steps", cfg.train.warmup_steps >= 0, ">= 0"),
+        ("train.min_lr_ratio", 0 <= cfg.train.min_lr_ratio <= 1, "between 0 and 1"),
+        ("train.grad_accum_steps", cfg.train.grad_accum_steps >= 1, ">= 1"),
+        ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
+        ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
+        ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
+        ("train.early_stop_patience", cfg.train.early_stop_patience >= 0, ">= 0 (0 = off)"),
+        (
+            "train.early_stop_min_delta",
+            0 <= cfg.train.early_stop_min_delta < math.inf,
+            "a finite number >= 0",
+        ),
+        ("data.num_workers", 0 <= cfg.data.num_workers <= 256, "between 0 and 256"),
+        ("data.val_fraction", 0 < cfg.data.val_fraction < 1, "between 0 and 1, exclusive"),
+        ("data.folds", cfg.data.folds == 0 or cfg.data.folds >= 2, "0 (off) or >= 2"),
+        ("data.fold", _fold_in_range(cfg.data), _fold_rule(cfg.data)),
+        ("data.split_seed", 0 <= cfg.data.split_seed < 2**63, "between 0 and 2**63 - 1"),
+        ("run.log_every", cfg.run.log_every >= 1, ">= 1"),
+        ("run.threads", cfg.run.threads >= 0, ">= 1, or 0 for auto"),
+        # torch seeds are 64-bit; ranks and epochs hash (seed, rank/epoch) into one (mix_seed).
+        ("run.seed", 0 <= cfg.run.seed < 2**63, "between 0 and 2**63 - 1"),
+        ("run.name", _is_plain_name(cfg.run.name), "a folder name (letters, digits, - _ .)"),
+    ]
+    for section in COMPONENTS:  # each component checks its own options: (key, ok, rule)
+        options = getattr(cfg, section).options
+        if hasattr(options, "checks"):
+            checks += [(f"{section}.{key}", ok, rule) for key, ok, rule in options.checks()]
+    for key, ok, rule in checks:
+        if not ok:
+            section, name = key.split(".")
+            part = getattr(cfg, section)
+            value = getattr(part, name) if hasattr(part, name) else getattr(part.options, name)
+            raise ConfigError(f"{key} must be {rule}, got {value!r}")
+    _check_best(cfg)
+    conflict = _strategy_conflict(cfg.train)
+    if conflict:
+        raise ConfigError(conflict)
+    device = cfg.run.device
+    if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
+        raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+def _check_best(cfg: Config) -> None:
+    directions = components("task")[cfg.task.name].metrics
+    metric = cfg.train.best_metric
+    if metric != "auto" and metric not in directions:
+        close = closest(metric, directions)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise ConfigError(
+            f"train.best_metric={metric!r} is not a metric of task.name={cfg.task.name}; "
+            f"choose auto or one of {', '.join(directions)}{hint}"
+        )
+    metric, natural = cfg.best()[0], directions[cfg.best()[0]]
+    if cfg.train.best_mode not in ("auto", natural):
+        raise ConfigError(
+            f"train.best_mode={cfg.train.best_mode} would keep the worst {metric} "
+            f"as best.pt; use train.best_mode={natural} or auto"
+        )
+
+
+def _strategy_conflict(train: TrainConfig) -> str | None:
+    """Settings that train.strategy cannot honour, as one line; None when they fit."""
+    if train.strategy == "ddp":
+        if train.cpu_offload:
+            return "train.cpu_offload=true needs train.strategy=fsdp (ddp keeps all on the GPU)"
+        return None
+    if train.sync_bn:
+        return (
+            "train.sync_bn=true is not supported with train.strategy=fsdp; use train.sync_bn="
+            "false (BatchNorm statistics are synchronised before validation), or ddp"
+        )
+    if train.amp == "fp16":
+        # fp16 needs loss scaling of sharded gradients (a ShardedGradScaler); bf16 has fp32's
+        # range and needs none.
+        return (
+            "train.amp=fp16 is not supported with train.strategy=fsdp; use train.amp=bf16 "
+            "(no loss scaling needed), or train.strategy=ddp"
+        )
+    return None
+
+
+def _fold_in_range(data: DataConfig) -> bool:
+    # With folds off, a nonzero fold would be silently ignored: refuse it instead.
+    return 0 <= data.fold < data.folds if data.folds >= 2 else data.fold == 0
+
+
+def _fold_rule(data: DataConfig) -> str:
+    if data.folds >= 2:
+        return f"between 0 and data.folds - 1 = {data.folds - 1}"
+    return "0 while data.folds is 0 (set data.folds=K to use k-fold)"
+
+
+def _is_plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and all(c.isalnum() or c in "-_." for c in name)
+
+
+def _is_cuda_index(device: str) -> bool:
+    return device.startswith("cuda:") and device[5:].isdigit()

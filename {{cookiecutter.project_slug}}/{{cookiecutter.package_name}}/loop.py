@@ -142,19 +142,10 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
     # .tolist()) waits for the GPU, so it happens only every run.log_every steps; collecting
     # them never waits.
     losses: list[torch.Tensor] = []
-    params = list(
-        loop.trainee.net.parameters()
-    )  # walked once: the module tree costs ~50 us a walk
+    params = list(loop.trainee.net.parameters())  # walked once: ~50 us a walk of the tree
     since_log, epoch_loss, epoch_steps, stopped = 0, 0.0, 0, None
     first_sample = progress.epoch_samples
-    bar = tqdm(
-        total=loop.data.steps_per_epoch,
-        initial=done,
-        leave=False,
-        dynamic_ncols=True,
-        disable=None if loop.dist.is_main else True,
-        desc=f"epoch {progress.epoch + 1}/{cfg.train.epochs}",
-    )
+    bar = progress_bar(loop, done)
     finished = True  # also when a resumed epoch has nothing left to do
     for i in range(steps_left):
         # The epoch's last step takes the micro-batches left, fewer than accum: none is dropped.
@@ -175,16 +166,10 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
             # stop is logged like the end of an interval.
             log_now = loop.vote(progress.step)
         if log_now:
-            avg, any_stop = read_losses(loop, losses, since_log)
+            avg, any_stop = log_interval(loop, losses, since_log, grad_norm, bar)
             epoch_loss, epoch_steps = epoch_loss + avg * since_log, epoch_steps + since_log
             losses.clear()
             since_log = 0
-            lr = loop.trainee.scheduler.get_last_lr()[0]
-            loop.log.scalars(
-                progress.step,
-                {"train/loss": avg, "train/lr": lr, "train/grad_norm": float(grad_norm)},
-            )
-            bar.set_postfix(loss=f"{avg:.4f}", lr=f"{lr:.2e}", refresh=False)
             if any_stop:
                 stopped = loop.stop.reason or "signal on another rank"
         if at_limit:  # the run is over: validated and complete, even if a signal came too
@@ -199,6 +184,33 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
         "finished": finished,
     }
     return stats, stopped
+
+
+def progress_bar(loop: Loop, done: int) -> tqdm:
+    """The epoch's bar on rank 0 (tqdm's own check hides it when the output is not a
+    terminal), starting at the steps a resume has done."""
+    return tqdm(
+        total=loop.data.steps_per_epoch,
+        initial=done,
+        leave=False,
+        dynamic_ncols=True,
+        disable=None if loop.dist.is_main else True,
+        desc=f"epoch {loop.progress.epoch + 1}/{loop.cfg.train.epochs}",
+    )
+
+
+def log_interval(loop: Loop, losses: list, steps: int, grad_norm, bar: tqdm) -> tuple:
+    """Read the last `steps` losses (the one wait for the GPU per interval), log them with
+    the lr and gradient norm, and show them on the bar. Returns (mean loss, any rank asked
+    to stop)."""
+    avg, any_stop = read_losses(loop, losses, steps)
+    lr = loop.trainee.scheduler.get_last_lr()[0]
+    loop.log.scalars(
+        loop.progress.step,
+        {"train/loss": avg, "train/lr": lr, "train/grad_norm": float(grad_norm)},
+    )
+    bar.set_postfix(loss=f"{avg:.4f}", lr=f"{lr:.2e}", refresh=False)
+    return avg, any_stop
 
 
 def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:

@@ -124,6 +124,7 @@ def test_report_shows_every_loop_every_ratio_and_the_verdicts():
     assert "b/a = 0.990 (target >= 0.98: met)" in text
     assert "b/c = 1.980 (target >= 1.2: met)" in text
     assert "first step +0.50 s after `import torch` (target <= 1 s: met)" in text
+    assert "first step -0.50 s after the minimal loop's (target <= 0.5 s: met)" in text
     assert '`python -c "import torch"` (reference)' in text
 
 
@@ -151,5 +152,6 @@ def test_quick_benchmark_bakes_runs_every_loop_and_reports_every_number(tmp_path
     assert set(res["references"]) == {"import torch", "import torch, torch._dynamo"}
     assert all(v > 0 for v in res["references"].values())
     assert set(res["startup_over_import_torch_s"]) == loops
+    assert isinstance(res["startup_over_minimal_s"], float)
     assert res["setup"]["machine"]["torch"] and res["setup"]["repeats"] == 1
     assert "| (b) baked project trainer |" in done.stdout and "b/a = " in done.stdout

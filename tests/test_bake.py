@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -284,11 +285,19 @@ def test_answers_are_recorded_for_regeneration(bake):
     assert answers["compute"] == "cu128" and answers["license"] == "Apache-2.0"
 
 
+# requirements-slow.txt: what the baked suite's optional tests import (PIL comes with
+# matplotlib).
+OPTIONAL_PACKAGES = ("matplotlib", "PIL", "wandb", "mlflow", "onnx", "onnxscript", "onnxruntime")
+
+
 @pytest.mark.slow
 def test_baked_project_passes_its_own_suite(bake):
     """The generated tests, slow ones included, in the baked project (no install: PYTHONPATH).
     Its pyproject's addopts deselect the slow tests; this -m, as `make test-all`'s, replaces
     that selection."""
+    # The optional packages its tests exercise: absent, those tests would skip unseen.
+    missing = [m for m in OPTIONAL_PACKAGES if importlib.util.find_spec(m) is None]
+    assert not missing, f"pip install -r requirements-slow.txt first (missing {missing})"
     project = bake(**AWKWARD)
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(

@@ -526,11 +526,12 @@ from pathlib import Path
 
 import torch
 
-from {{ cookiecutter.package_name }} import checkpoint, cli
+from {{ cookiecutter.package_name }} import cli
+from {{ cookiecutter.package_name }}.checkpoint import files
 from {{ cookiecutter.package_name }}.errors import CheckpointError
 
 out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
-clip, load, steps = torch.nn.utils.clip_grad_norm_, checkpoint.load, [0]
+clip, load, steps = torch.nn.utils.clip_grad_norm_, files.load, [0]
 
 
 def slow_clip(*args, **kwargs):
@@ -548,7 +549,7 @@ def unreadable(path):
 if rank == 1:
     (out / "rank1.pid").write_text(str(os.getpid()))
     if os.environ.get("RANK1_CANNOT_READ"):
-        checkpoint.load = unreadable
+        files.load = unreadable  # what resume.load_state reads with
 torch.nn.utils.clip_grad_norm_ = slow_clip
 raise SystemExit(cli.train_main(sys.argv[2:]))
 """

@@ -138,7 +138,7 @@ def ddp_run(tmp_path_factory, dump) -> dict:
 
 
 def full_model(run_dir: Path, name: str = "last.pt") -> dict:
-    return checkpoint.load(parallel.consolidate(run_dir / name))["model"]
+    return checkpoint.load(checkpoint.consolidate(run_dir / name))["model"]
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -256,7 +256,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
     shards, as a crash would leave it; resume=auto continues from step 2."""
     args = [*tiny, "train.strategy=fsdp", "model.name=mlp", "train.epochs=1"]
     assert fit(load_config(None, [*args, "train.max_steps=2"]))["step"] == 2
-    save = dcp.save  # what parallel.save_shards calls
+    save = dcp.save  # what checkpoint.sharded.save_shards calls
 
     def crash(state, checkpoint_id):
         save({"model": state["model"]}, checkpoint_id=checkpoint_id)  # part of it

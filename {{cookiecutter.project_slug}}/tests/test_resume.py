@@ -18,10 +18,10 @@ import torch
 from conftest import ROOT, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler, continue_schedule
-from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
 
 
@@ -108,7 +108,7 @@ def test_a_second_process_on_a_run_folder_gets_one_line(tiny):
 def test_a_killed_run_leaves_no_stale_lock(tiny):
     folder = run_dir(tiny)
     code = "import sys, time; from pathlib import Path; from {{ cookiecutter.package_name }}"
-    code += ".run_folder import RunFolder as M; M(Path(sys.argv[1]), 1).lock()"
+    code += ".checkpoint import RunFolder as M; M(Path(sys.argv[1]), 1).lock()"
     code += "; print('locked', flush=True); time.sleep(60)"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
@@ -326,7 +326,8 @@ def test_checkpoints_are_read_on_the_cpu(tiny, monkeypatch):
 # during the final save, SIGUSR1 during teardown. Only the first may count.
 _SIGNALLED = """
 import os, signal, sys
-from {{ cookiecutter.package_name }} import cli, distributed, loop, run_folder
+from {{ cookiecutter.package_name }} import cli, distributed, loop
+from {{ cookiecutter.package_name }}.checkpoint import run_folder
 
 read, save, teardown = loop.read_losses, run_folder.RunFolder.save, distributed.teardown
 

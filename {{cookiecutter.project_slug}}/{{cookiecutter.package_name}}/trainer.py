@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, distributed, parallel
 from .checkpoint import CheckpointManager, Progress
-from .config import Config, save_config, to_dict
+from .config import Config, to_dict
 from .data import build_datasets, build_loader, close_loader, example_inputs, source_of
 from .distributed import DistInfo
 from .errors import ConfigError
@@ -251,7 +251,7 @@ def open_run_folder(
     (its trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
     ckpts.open()
     log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids)
-    save_config(cfg, ckpts.run_dir / "config.yaml")
+    ckpts.write_config()
     return log
 
 

@@ -5,6 +5,7 @@ else; the tools (evaluate, predict, export, consolidate, sweeps) read checkpoint
     state, path = ckpt.find()             # what train.resume continues from, on every rank
     changed = ckpt.restore(state, trainee, progress, data)
     ckpt.open()                           # rank 0: the folder's lock, leftovers of a kill
+    ckpt.write_config()                   # rank 0: config.yaml (a resume: at its first save)
     ckpt.save(trainee, progress, extra, is_best)   # every epoch and at a stop (every rank)
     ckpt.close()
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import distributed
-from ..config import Config, to_dict
+from ..config import Config, save_config, to_dict
 from ..data import check_split
 from ..distributed import DistInfo
 from ..utils.seed import rng_state
@@ -77,6 +78,7 @@ class CheckpointManager:
         self.cfg, self.dist = cfg, dist
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
         self.folder = RunFolder(run_dir, cfg.train.keep_last)
+        self._config_due = False  # config.yaml waits for the first save of a resumed run
 
     @property
     def run_dir(self) -> Path:
@@ -85,7 +87,9 @@ class CheckpointManager:
     def find(self) -> tuple[dict | None, str | None]:
         """The training state train.resume asks to continue from, read on every rank, and its
         path; (None, None) for a fresh run. Refuses to overwrite a run that has checkpoints."""
-        return load_state(self.cfg, self.dist, self.folder)
+        state, path = load_state(self.cfg, self.dist, self.folder)
+        self._config_due = path is not None
+        return state, path
 
     def restore(self, state: dict, trainee, progress: Progress, data) -> list[str]:
         """Continue the run of `state` exactly (a collective under fsdp): the same validation
@@ -117,6 +121,15 @@ class CheckpointManager:
         self.folder.lock()
         self.folder.remove_stale_temporaries()
 
+    def write_config(self) -> None:
+        """Rank 0: config.yaml, the settings the run's checkpoints were trained with. Written
+        now for a new run; for a resumed one with its first checkpoint, so a resume that fails
+        (a refused setting, a first step that fails) leaves the file as it was."""
+        path = self.run_dir / "config.yaml"
+        if not self._config_due or not path.is_file():
+            save_config(self.cfg, path)
+            self._config_due = False
+
     def save(self, trainee, progress: Progress, extra: dict, is_best: bool) -> None:
         """A checkpoint of where the run stands (a collective: every rank calls it); `extra`
         (the data's meta and io, tracker ids) goes into the file as it is. Rank 0 writes."""
@@ -136,6 +149,9 @@ class CheckpointManager:
                 shards,
             )
             self.folder.save({**state, **extra}, progress.step, is_best)
+            if self._config_due:
+                save_config(self.cfg, self.run_dir / "config.yaml")
+                self._config_due = False
 
     def close(self) -> None:
         self.folder.unlock()

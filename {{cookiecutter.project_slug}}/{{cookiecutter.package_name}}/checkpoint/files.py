@@ -117,16 +117,16 @@ def load(path: str | Path) -> dict:
         # torch says "PytorchStreamReader failed...", "Invalid magic number; corrupt file?" and
         # more for bad bytes; the same class also carries allocation failures.
         if "memory" in str(exc).lower() or not _reads_back(path):
-            raise CheckpointError(_unreadable(path, exc)) from None
+            raise CheckpointError(unreadable(path, exc)) from None
         raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
     except OSError as exc:
         # torch's zip reader raises EINVAL on a truncated file: the file's fault only if
         # plain reading succeeds. Any other errno (EIO, ESTALE, EACCES...) is the system's.
         if exc.errno == errno.EINVAL and _reads_back(path):
             raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
-        raise CheckpointError(_unreadable(path, exc)) from None
+        raise CheckpointError(unreadable(path, exc)) from None
     except MemoryError as exc:
-        raise CheckpointError(_unreadable(path, exc)) from None
+        raise CheckpointError(unreadable(path, exc)) from None
     if not isinstance(state, dict):
         raise CorruptCheckpoint(
             f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict of state"
@@ -138,6 +138,9 @@ def load(path: str | Path) -> dict:
                 f"checkpoint {str(path)!r} names the shard folder {str(folder)!r}, which is "
                 "missing or incomplete"
             )
+        from .sharded import check_shards  # imports DCP: only for sharded checkpoints
+
+        check_shards(folder, path)
         state["shards"] = str(folder)
     return state
 
@@ -160,7 +163,7 @@ def _not_a_checkpoint(path: Path, exc: BaseException) -> str:
     )
 
 
-def _unreadable(path: Path, exc: BaseException) -> str:
+def unreadable(path: Path, exc: BaseException) -> str:
     reason = f"{type(exc).__name__}: {first_line(exc, 160)}"
     return (
         f"checkpoint {str(path)!r} could not be read ({reason}); "

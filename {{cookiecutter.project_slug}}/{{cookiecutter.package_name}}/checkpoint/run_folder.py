@@ -114,6 +114,9 @@ class RunFolder:
                 warn(f"warning: skipping {exc}")
                 if quarantine and path.name.startswith("step-"):
                     path.rename(path.with_name(path.name + ".bad"))
+                    shards = path.with_suffix(".dcp")  # fsdp: its shards go aside with it
+                    if shards.is_dir():
+                        shards.rename(shards.with_name(shards.name + ".bad"))
         return None
 
     def lock(self) -> None:

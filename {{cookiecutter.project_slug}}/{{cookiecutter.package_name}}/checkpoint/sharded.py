@@ -69,7 +69,7 @@ def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
         _read({"model": model_state, "optimizer": optimizer_state}, state["shards"])
-    except Exception as exc:  # DCP gathers every rank's failure into one CheckpointException
+    except Exception as exc:  # _read: every rank's failure, gathered by DCP
         raise CheckpointError(
             f"sharded checkpoint {state['shards']!r} does not load into this run "
             f"({first_line(exc, 200)}); use the model.* settings it was trained with"
@@ -99,7 +99,13 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
         for key, meta in tensors.items()
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
     }
-    _read({"model": model}, head["shards"])
+    try:
+        _read({"model": model}, head["shards"])
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"sharded checkpoint {head['shards']!r} could not be read ({first_line(exc, 200)}); "
+            "consolidate an earlier step-N.pt of the run"
+        ) from None
     out = Path(out) if out else path.with_name(f"{path.stem}.full.pt")
     meta = {**head.get("meta", {}), "consolidated_from": str(path)}
     full = {"model": model, "config": head["config"], "progress": head["progress"], "meta": meta}
@@ -109,14 +115,50 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
-def _read(state: dict, folder: str) -> None:
-    """Fill `state` in place from the shard folder; each rank reads what its tensors hold. On
-    one process without a group (ddp, consolidation) it reads everything."""
+def check_shards(folder: Path, path: Path) -> None:
+    """Raise CorruptCheckpoint unless every shard file that the folder's .metadata points into
+    is there and long enough. A truncated or missing shard is found here, by every rank before
+    the collective read, so train.resume=auto falls back to the previous checkpoint."""
     import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():  # DCP warns that no group is running: here it is meant
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+    try:
+        storage = dcp.FileSystemReader(str(folder)).read_metadata().storage_data or {}
+    except OSError as exc:  # the system's fault, not the file's: nothing is set aside
+        raise CheckpointError(files.unreadable(folder / ".metadata", exc)) from None
+    except Exception as exc:  # pickled: a damaged index fails in many ways
+        raise files.CorruptCheckpoint(
+            f"checkpoint {str(path)!r}: its shard index {str(folder / '.metadata')!r} is "
+            f"damaged ({first_line(exc, 160)})"
+        ) from None
+    ends: dict[str, int] = {}
+    for info in storage.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        shard = folder / name
+        size = shard.stat().st_size if shard.is_file() else -1
+        if size < end:
+            what = "missing" if size < 0 else f"truncated ({size} of {end} bytes)"
+            raise files.CorruptCheckpoint(
+                f"checkpoint {str(path)!r}: its shard file {str(shard)!r} is {what}"
+            )
+
+
+def _read(state: dict, folder: str) -> None:
+    """Fill `state` in place from the shard folder; each rank reads what its tensors hold. On
+    one process without a group (ddp, consolidation) it reads everything. A failure comes back
+    as a RuntimeError (DCP's CheckpointException is no Exception: `except Exception` misses
+    it), with the first failing rank's reason."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with warnings.catch_warnings():  # DCP warns that no group is running: here it is meant
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+    except CheckpointException as exc:
+        failures = list(getattr(exc, "failures", {}).values())
+        first = getattr(failures[0], "exc", failures[0]) if failures else exc
+        raise RuntimeError(f"{type(first).__name__}: {first_line(first, 160)}") from None
 
 
 def _replace_folder(tmp: Path, final: Path) -> None:

@@ -363,6 +363,7 @@ def test_signals_during_the_final_save_and_teardown_still_exit_75(tmp_path, tiny
     assert checkpoint.load(run_dir(tiny) / "last.pt")["progress"]["step"] == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "damage", [b"epoch,step,time/elapsed_s\n1,abc,1.5\n", b"epoch,step\n1,\xff\xfe16\n"]
 )
@@ -387,6 +388,7 @@ def test_a_damaged_runs_csv_is_set_aside_and_the_run_finishes(tiny, capsys):
     assert [row["run"] for row in csv.DictReader(table.open())] == ["default"]
 
 
+@pytest.mark.slow
 def test_a_failed_resume_leaves_config_yaml_as_it_was(tmp_path, tiny):
     """The resume fails at its first step (NaN inputs under a new data.root): config.yaml
     still holds the settings the checkpoints were trained with. A damaged config.yaml does

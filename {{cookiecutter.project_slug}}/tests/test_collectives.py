@@ -22,7 +22,8 @@ from {{ cookiecutter.package_name }} import distributed, parallel
 from {{ cookiecutter.package_name }}.checkpoint import Progress
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.distributed import DistInfo, StopVote
-from {{ cookiecutter.package_name }}.loop import evaluate, read_losses
+from {{ cookiecutter.package_name }}.loop import read_losses
+from {{ cookiecutter.package_name }}.validation import evaluate
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks.classification import Classification, Options
 from {{ cookiecutter.package_name }}.tools import report
@@ -63,7 +64,7 @@ def test_every_collective_of_a_run_gets_its_tensor_on_the_run_s_device(sharded):
     """What a run calls between ranks (the fsdp validation loader, evaluation with the
     report's collector, the loss log and stop vote, BatchNorm statistics) with new tensors on
     meta by default: each must put what it hands a collective on the run's device.
-    (parallel.save_shards is left out: torch.distributed.checkpoint itself makes tensors
+    (checkpoint.sharded.save_shards is left out: torch.distributed.checkpoint itself makes tensors
     without device=, in objects it pickles, which no group serves anyway.)"""
     net = sharded
     data = TensorDataset(torch.randn(5, 3, 8, 8), torch.arange(5) % 4)

@@ -527,12 +527,12 @@ from pathlib import Path
 
 import torch
 
-from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import files
 from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.errors import CheckpointError
 
 out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
-clip, load, steps = torch.nn.utils.clip_grad_norm_, checkpoint.load, [0]
+clip, load, steps = torch.nn.utils.clip_grad_norm_, files.load, [0]
 
 
 def slow_clip(*args, **kwargs):
@@ -550,7 +550,7 @@ def unreadable(path):
 if rank == 1:
     (out / "rank1.pid").write_text(str(os.getpid()))
     if os.environ.get("RANK1_CANNOT_READ"):
-        checkpoint.load = unreadable
+        files.load = unreadable  # what resume.load_state reads with
 torch.nn.utils.clip_grad_norm_ = slow_clip
 raise SystemExit(train_main(sys.argv[2:]))
 """

@@ -16,8 +16,8 @@ import torch
 from conftest import ROOT, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
 from {{ cookiecutter.package_name }}.utils.signals import StopSignal
 
@@ -102,7 +102,7 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_save():
 _SAVER = """
 import sys, torch
 from pathlib import Path
-from {{ cookiecutter.package_name }}.run_folder import RunFolder
+from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 manager = RunFolder(Path(sys.argv[1]), keep_last=2)
 state = {"model": {"w": torch.randn(1_000_000)}, "progress": {"step": 0}, "config": {}}
 state.update(optimizer={}, scheduler={}, scaler={})

@@ -139,7 +139,7 @@ def ddp_run(tmp_path_factory, dump) -> dict:
 
 
 def full_model(run_dir: Path, name: str = "last.pt") -> dict:
-    return checkpoint.load(parallel.consolidate(run_dir / name))["model"]
+    return checkpoint.load(checkpoint.consolidate(run_dir / name))["model"]
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -257,7 +257,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
     shards, as a crash would leave it; resume=auto continues from step 2."""
     args = [*tiny, "train.strategy=fsdp", "model.name=mlp", "train.epochs=1"]
     assert fit(load_config(None, [*args, "train.max_steps=2"]))["step"] == 2
-    save = dcp.save  # what parallel.save_shards calls
+    save = dcp.save  # what checkpoint.sharded.save_shards calls
 
     def crash(state, checkpoint_id):
         save({"model": state["model"]}, checkpoint_id=checkpoint_id)  # part of it
@@ -274,6 +274,27 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
     result = fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
     assert result["step"] == 4
     assert not list(run_dir.glob(".*.tmp*"))  # the stale folder is cleared at the start
+    assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 4
+
+
+@pytest.mark.slow
+def test_a_truncated_shard_falls_back_to_the_previous_checkpoint_and_consolidate_names_it(tiny):
+    """One process under fsdp: a shard file of the newest checkpoint cut in half. resume=auto
+    sets that checkpoint aside and continues from the one before, as for a damaged .pt;
+    consolidate.py names the file in one line (DCP's CheckpointException is no Exception)."""
+    args = [*tiny, "train.strategy=fsdp", "model.name=mlp", "train.epochs=1", "train.keep_last=3"]
+    fit(load_config(None, [*args, "train.max_steps=2"]))
+    fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
+    run_dir = Path(load_config(None, tiny).run.output_dir) / "default"
+    shard = sorted((run_dir / "step-00000004.dcp").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    proc = run_script("scripts/consolidate.py", "--checkpoint", str(run_dir / "last.pt"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:") and f"{shard.name}' is truncated" in lines[0]
+    assert fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))["step"] == 4
+    assert (run_dir / "step-00000004.pt.bad").is_file()
+    assert (run_dir / "step-00000004.dcp.bad" / shard.name).is_file()
     assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 4
 
 

@@ -4,6 +4,7 @@ runs, and the records (runs.csv, metrics.csv, TensorBoard) that a resumed run ke
 
 from __future__ import annotations
 
+import csv
 import errno
 import math
 import os
@@ -15,14 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+import yaml
+from conftest import ROOT, run_script, tiny_with
 
 from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler, continue_schedule
-from {{ cookiecutter.package_name }}.run_folder import RunFolder
-from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
+from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, NonFiniteLoss, fit
 
 
 def run_dir(tiny, name="default") -> Path:
@@ -108,7 +110,7 @@ def test_a_second_process_on_a_run_folder_gets_one_line(tiny):
 def test_a_killed_run_leaves_no_stale_lock(tiny):
     folder = run_dir(tiny)
     code = "import sys, time; from pathlib import Path; from {{ cookiecutter.package_name }}"
-    code += ".run_folder import RunFolder as M; M(Path(sys.argv[1]), 1).lock()"
+    code += ".checkpoint import RunFolder as M; M(Path(sys.argv[1]), 1).lock()"
     code += "; print('locked', flush=True); time.sleep(60)"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
@@ -326,7 +328,8 @@ def test_checkpoints_are_read_on_the_cpu(tiny, monkeypatch):
 # during the final save, SIGUSR1 during teardown. Only the first may count.
 _SIGNALLED = """
 import os, signal, sys
-from {{ cookiecutter.package_name }} import distributed, loop, run_folder
+from {{ cookiecutter.package_name }} import distributed, loop
+from {{ cookiecutter.package_name }}.checkpoint import run_folder
 from {{ cookiecutter.package_name }}.tools.train import train_main
 
 read, save, teardown = loop.read_losses, run_folder.RunFolder.save, distributed.teardown
@@ -359,3 +362,51 @@ def test_signals_during_the_final_save_and_teardown_still_exit_75(tmp_path, tiny
     assert proc.returncode == EXIT_PREEMPTED, proc.stdout + proc.stderr
     assert "stopped (SIGTERM) at step 3" in proc.stdout
     assert checkpoint.load(run_dir(tiny) / "last.pt")["progress"]["step"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "damage", [b"epoch,step,time/elapsed_s\n1,abc,1.5\n", b"epoch,step\n1,\xff\xfe16\n"]
+)
+def test_a_damaged_metrics_csv_is_set_aside_and_the_resume_goes_on(tiny, capsys, damage):
+    """A cell that is not a number, bytes that are not UTF-8: the checkpoints hold the run."""
+    fit(load_config(None, [*tiny, "train.epochs=1"]))
+    metrics = run_dir(tiny) / "metrics.csv"
+    metrics.write_bytes(damage)
+    assert fit(load_config(None, [*tiny, "train.resume=auto"]))["epoch"] == 2
+    assert (run_dir(tiny) / "metrics.csv.damaged").read_bytes() == damage
+    assert "metrics.csv is damaged" in capsys.readouterr().out
+    assert [row["epoch"] for row in csv.DictReader(metrics.open())] == ["2"]
+
+
+def test_a_damaged_runs_csv_is_set_aside_and_the_run_finishes(tiny, capsys):
+    table = Path(load_config(None, tiny).run.output_dir) / "runs.csv"
+    table.parent.mkdir(parents=True)
+    table.write_bytes(b"run,steps\n\xff\xfe,1\n")
+    fit(load_config(None, [*tiny, "train.epochs=1"]))
+    assert (table.parent / "runs.csv.damaged").read_bytes() == b"run,steps\n\xff\xfe,1\n"
+    assert "runs.csv is damaged" in capsys.readouterr().out
+    assert [row["run"] for row in csv.DictReader(table.open())] == ["default"]
+
+
+@pytest.mark.slow
+def test_a_failed_resume_leaves_config_yaml_as_it_was(tmp_path, tiny):
+    """The resume fails at its first step (NaN inputs under a new data.root): config.yaml
+    still holds the settings the checkpoints were trained with. A damaged config.yaml does
+    not stop a resume: it is rewritten with the resume's first checkpoint."""
+    x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
+    for name, inputs in (("good", x), ("bad", torch.full_like(x, float("nan")))):
+        (tmp_path / name).mkdir()
+        for split in ("train", "val"):
+            torch.save({"x": inputs, "y": y}, tmp_path / name / f"{split}.pt")
+    args = [*tiny_with(tiny, "data.name=tensors", "train.batch_size=8"), "model.name=mlp"]
+    fit(load_config(None, [*args, "train.max_steps=2", f"data.root={tmp_path / 'good'}"]))
+    config = run_dir(tiny) / "config.yaml"
+    before = config.read_bytes()
+    with pytest.raises(NonFiniteLoss, match="loss is not finite at step 3"):
+        fit(load_config(None, [*args, "train.resume=auto", f"data.root={tmp_path / 'bad'}"]))
+    assert config.read_bytes() == before
+    config.write_bytes(b"\xff\xfe: [")
+    good = [*args, "train.resume=auto", "train.max_steps=4", f"data.root={tmp_path / 'good'}"]
+    assert fit(load_config(None, good))["step"] == 4
+    assert yaml.safe_load(config.read_text())["train"]["max_steps"] == 4

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.run_folder import RunFolder
 from {{ cookiecutter.package_name }}.trainer import fit
 
 

@@ -16,17 +16,16 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from . import checkpoint, distributed, parallel, resume
-from .checkpoint import Progress
-from .config import Config, to_dict
-from .data import empty_batch, set_epoch
+from . import checkpoint, distributed, parallel
+from .checkpoint import CheckpointManager, Progress
+from .config import Config
+from .data import set_epoch
 from .distributed import DistInfo
 from .errors import UserError
-from .run_folder import RunFolder
 from .utils.device import autocast, memory_mb, to_device
 from .utils.logger import MetricLogger
-from .utils.seed import rng_state
 from .utils.signals import StopSignal
+from .validation import evaluate
 
 
 class NonFiniteLoss(UserError):
@@ -77,7 +76,7 @@ class Loop:
     vote: distributed.StopVote  # the ranks agree on a stop every couple of seconds
 
 
-def run_epochs(loop: Loop, ckpts: RunFolder) -> tuple[dict, str | None]:
+def run_epochs(loop: Loop, ckpts: CheckpointManager) -> tuple[dict, str | None]:
     """Train an epoch, validate, checkpoint; until the last epoch, early stopping, or a stop.
     train.max_steps ends the run where it falls, validated (mid-epoch too); a signal saves
     where it is and returns at once. Returns the last validation metrics and the stop
@@ -95,13 +94,15 @@ def run_epochs(loop: Loop, ckpts: RunFolder) -> tuple[dict, str | None]:
             return metrics, stopped
         metrics = validate_and_save(loop, ckpts, stats, train_time)
         if not stopped and epoch + 1 < cfg.train.epochs:
-            stopped = resume.complete_reason(cfg, progress)  # early stopping (bad_epochs)
+            stopped = checkpoint.complete_reason(cfg, progress)  # early stopping (bad_epochs)
         if stopped:
             return metrics, stopped
     return metrics, None
 
 
-def validate_and_save(loop: Loop, ckpts: RunFolder, stats: dict, train_time: float) -> dict:
+def validate_and_save(
+    loop: Loop, ckpts: CheckpointManager, stats: dict, train_time: float
+) -> dict:
     """Validate the model as it is, save it (best.pt too when it improves) and report: at the
     end of an epoch, or where train.max_steps ends the run mid-epoch, so that the summary,
     runs.csv and best.pt describe the final model. Returns the metrics."""
@@ -260,55 +261,10 @@ def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[flo
     return total.item() / loop.dist.world_size / steps, bool(any_stop)
 
 
-@torch.no_grad()  # not inference_mode: an fsdp model's first all-gather fails under it
-def evaluate(
-    model: nn.Module, loader, task, device: torch.device, amp: str = "off", observe=None
-) -> dict:
-    """The task's metrics over the whole split, counting each sample once on any number of
-    ranks: the task's named sums are added per batch and all-reduced once, never per-rank
-    means. `observe(output, y)`, if given, sees every batch, its outputs in the targets' units
-    (task.decode; e.g. report.Collector)."""
-    was_training = model.training
-    model.eval()
-    totals = None
-    mixed_precision = autocast(device, amp)
-    for batch in loader:
-        x, y = to_device(batch, device)
-        with mixed_precision:
-            output = model(x)
-        sums = task.sums(output, y)
-        if observe is not None:
-            observe(task.decode(output), y)
-        totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
-    if totals is None:  # no sample on this rank (fewer than ranks): zeros of the right size
-        x, y = to_device(empty_batch(loader.dataset), device)
-        totals = task.sums(model(x), y)
-    totals = distributed.all_reduce_sums(totals)
-    model.train(was_training)
-    return task.summarise({k: v.tolist() for k, v in totals.items()})
-
-
-def save(loop: Loop, ckpts: RunFolder, is_best: bool) -> None:
-    rngs = distributed.all_gather_object(rng_state())  # a collective: every rank calls it
-    run_dir, step = ckpts.run_dir, loop.progress.step
-    shards = parallel.save_shards(
-        loop.trainee.model, loop.trainee.optimizer, run_dir, step
-    )  # fsdp, every rank
-    if loop.dist.is_main:
-        state = checkpoint.training_state(
-            loop.trainee.model,
-            loop.trainee.optimizer,
-            loop.trainee.scheduler,
-            loop.trainee.scaler,
-            loop.progress,
-            to_dict(loop.cfg),
-            rngs,
-            loop.dist.world_size,
-            shards,
-        )
-        state["data"], state["io"] = loop.data.meta, loop.data.io
-        state["trackers"] = loop.log.tracker_ids()  # a resume continues the same tracker runs
-        ckpts.save(state, loop.progress.step, is_best)
+def save(loop: Loop, ckpts: CheckpointManager, is_best: bool) -> None:
+    # A collective: every rank calls it. A resume continues the same tracker runs.
+    extra = {"data": loop.data.meta, "io": loop.data.io, "trackers": loop.log.tracker_ids()}
+    ckpts.save(loop.trainee, loop.progress, extra, is_best)
 
 
 def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_best: bool):

@@ -4,38 +4,28 @@ holds 1/world_size of the parameters, gradients and optimizer state, and gathers
 parameters only while that block computes). Start at wrap().
 
 The trainer calls, in order: wrap() before building the optimizer, even_batches() on the
-validation loader, restore() when resuming, memory_report() once, no_sync() and
-clip_grad_norm_() in each step, save_shards() in every save.
+validation loader, memory_report() once, no_sync() and clip_grad_norm_() in each step. Sharded
+checkpoints (save, restore, consolidate) are checkpoint/sharded.py's.
 
-A sharded checkpoint has two parts: step-N.dcp/, the model and optimizer written by
-torch.distributed.checkpoint (one file per rank plus .metadata), and step-N.pt, the usual
-checkpoint file without them, naming the folder. The folder is written under a temporary name
-and renamed, then rank 0 writes step-N.pt (run_folder.py): the checkpoint exists once that
-file does, so a crash mid-save leaves the previous one loadable. A different world size reads
-the same folder (DCP reshards); scripts/consolidate.py writes the full model to one file.
-
-FSDP, DTensor, DCP and activation checkpointing are imported inside the functions that use
-them: at the top of this file they cost every run about a second of start-up, fsdp or not.
+FSDP, DTensor and activation checkpointing are imported inside the functions that use them:
+at the top of this file they cost every run about a second of start-up, fsdp or not.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sys
-import warnings
 from collections import Counter
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed
+from . import distributed
 from .config import TrainConfig
 from .data import empty_batch
-from .errors import CheckpointError, ConfigError, first_line
+from .errors import ConfigError
 
 
 def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Module:
@@ -227,110 +217,6 @@ def memory_report(model: nn.Module) -> str:
         f"{_mb(local)} + optimizer {_mb(2 * local)} (AdamW: 2 per parameter); "
         f"ddp: {_mb(full)} + {_mb(full)} + {_mb(2 * full)}"
     )
-
-
-def save_shards(model: nn.Module, optimizer, run_dir: Path, step: int) -> str | None:
-    """Under fsdp, every rank writes its shards of the model and optimizer to
-    run_dir/step-N.dcp (a collective: every rank calls it). Returns the folder's name for the
-    checkpoint file to hold; None (and nothing written) when the model is not sharded."""
-    if not is_sharded(model):
-        return None
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    name = f"step-{step:08d}.dcp"
-    final, tmp = run_dir / name, run_dir / f".{name}.tmp"
-    if dist.get_rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    # BatchNorm statistics differ per rank; every rank saves and validates with rank 0's.
-    distributed.sync_buffers(model)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    distributed.barrier()  # the folder exists before any rank writes into it
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
-    distributed.barrier()  # every rank's file is written before the folder is renamed
-    if dist.get_rank() == 0:
-        _replace_folder(tmp, final)
-    return name
-
-
-def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
-    """Load the model and optimizer of a sharded checkpoint (a collective); nothing for a full
-    one, which checkpoint.restore_training_state loads. A sharded checkpoint resumes under
-    either strategy and on any number of ranks: each rank reads the parts it holds."""
-    if "shards" not in state:
-        if strategy == "fsdp":
-            raise CheckpointError(
-                "the checkpoint to resume holds a full (ddp) training state; resume it with "
-                "train.strategy=ddp, or start an fsdp run from its weights with "
-                "train.init_from=<that file>"
-            )
-        return
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    try:
-        _read({"model": model_state, "optimizer": optimizer_state}, state["shards"])
-    except Exception as exc:  # DCP gathers every rank's failure into one CheckpointException
-        raise CheckpointError(
-            f"sharded checkpoint {state['shards']!r} does not load into this run "
-            f"({first_line(exc, 200)}); use the model.* settings it was trained with"
-        ) from None
-    set_state_dict(
-        model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state
-    )
-
-
-def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
-    """Write the full model of the sharded checkpoint `path` (its step-N.pt, last.pt or
-    best.pt) to one plain file, with its config and progress, for scripts/evaluate.py and
-    train.init_from. Runs in one process, no process group; holds the full model in memory
-    (not the optimizer). Returns the file written: `out`, or <name>.full.pt beside `path`."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    path = Path(path)
-    head = checkpoint.load(path)
-    if "shards" not in head:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is a single file already (not sharded); use it as it is"
-        )
-    tensors = dcp.FileSystemReader(head["shards"]).read_metadata().state_dict_metadata
-    model = {
-        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in tensors.items()
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-    }
-    _read({"model": model}, head["shards"])
-    out = Path(out) if out else path.with_name(f"{path.stem}.full.pt")
-    meta = {**head.get("meta", {}), "consolidated_from": str(path)}
-    full = {"model": model, "config": head["config"], "progress": head["progress"], "meta": meta}
-    # What evaluation, prediction and export read besides the weights: preprocessing, shapes.
-    full.update({key: head[key] for key in ("data", "io") if key in head})
-    checkpoint.atomic_save(full, out)
-    return out
-
-
-def _read(state: dict, folder: str) -> None:
-    """Fill `state` in place from the shard folder; each rank reads what its tensors hold. On
-    one process without a group (ddp, consolidation) it reads everything."""
-    import torch.distributed.checkpoint as dcp
-
-    with warnings.catch_warnings():  # DCP warns that no group is running: here it is meant
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
-
-
-def _replace_folder(tmp: Path, final: Path) -> None:
-    # Renaming a folder over a non-empty one fails: set an existing one (a save at the step
-    # just resumed from) aside first. Only the step-N.pt file written next refers to it.
-    old = final.with_name(f".{final.name}.tmp-old")
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-    checkpoint.fsync_dir(final.parent)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

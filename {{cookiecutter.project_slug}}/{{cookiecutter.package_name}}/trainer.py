@@ -15,20 +15,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, parallel, resume
-from .checkpoint import Progress
-from .config import Config, save_config, to_dict
-from .data import (
-    build_datasets,
-    build_loader,
-    check_split,
-    close_loader,
-    example_inputs,
-    source_of,
-)
+from . import checkpoint, distributed, parallel
+from .checkpoint import CheckpointManager, Progress
+from .config import Config, to_dict
+from .data import build_datasets, build_loader, close_loader, example_inputs, source_of
 from .distributed import DistInfo
 from .errors import ConfigError
-from .loop import Data, Loop, NonFiniteLoss, Trainee, evaluate, run_epochs
+from .loop import Data, Loop, NonFiniteLoss, Trainee, run_epochs
 from .models import build_model, model_io
 from .optim import (
     build_optimizer,
@@ -37,13 +30,13 @@ from .optim import (
     planned_steps,
     scaled_lr,
 )
-from .run_folder import RunFolder
 from .summary import summary
 from .tasks import TASKS, build_task
 from .utils.device import check_amp, configure_backends, configure_threads
 from .utils.logger import MetricLogger, record_run
 from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
+from .validation import evaluate
 from .utils.trackers import check_installed
 
 __all__ = ["EXIT_PREEMPTED", "NonFiniteLoss", "build_data", "evaluate", "fit"]
@@ -75,16 +68,16 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     threads = prepare_process(cfg, dist, device)
     data = build_loaders(cfg, dist, device)
     progress = Progress()
-    ckpts = RunFolder(Path(cfg.run.output_dir) / cfg.run.name, cfg.train.keep_last)
+    ckpts = CheckpointManager(cfg, dist)
     log = MetricLogger(None)
     try:
         # First what to continue from: a checkpoint found wins over train.init_from, which
         # only starts a fresh run (with resume=auto too, as SLURM jobs and sweeps pass it).
-        state, resumed_from = resume.load_state(cfg, dist, ckpts)
+        state, resumed_from = ckpts.find()
         trainee = build_trainee(cfg, data, dist, device, resumed_from)
         if state is not None:
-            restore(cfg, dist, state, data, trainee, progress)
-            done = resume.complete_reason(cfg, progress)
+            restore(cfg, dist, ckpts, state, data, trainee, progress)
+            done = checkpoint.complete_reason(cfg, progress)
             if done:
                 report_complete(cfg, dist, progress, done, data.meta)
                 stopped = None if done == "finished" else done
@@ -107,7 +100,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         close_loader(data.train_loader)
         close_loader(data.val_loader)
         log.close()
-        ckpts.unlock()
+        ckpts.close()
 
 
 def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
@@ -210,26 +203,14 @@ def build_trainee(
     return Trainee(model, optimizer, scheduler, scaler, lr)
 
 
-def restore(
-    cfg: Config, dist: DistInfo, state: dict, data: Data, trainee: Trainee, progress: Progress
-) -> None:
+def restore(cfg, dist, ckpts: CheckpointManager, state, data: Data, trainee: Trainee, progress):
     """Continue the run of `state` exactly: the same data split, every state restored, the
-    schedule continued; settings changed since are listed (resume.changes refuses some)."""
-    changed = resume.changes(state, cfg)
-    if data.meta.get("split"):  # the same validation rows as before the stop
-        fix = "resume on the same data, or start a new run (run.name=<new name>)"
-        check_split(data.meta["split"], state.get("data"), fix)
-    t = trainee
-    parallel.restore(state, t.model, t.optimizer, cfg.train.strategy)  # sharded checkpoints
-    checkpoint.restore_training_state(
-        state, t.model, t.optimizer, t.scheduler, t.scaler, progress, dist.rank, dist.world_size
-    )
+    schedule continued; settings changed since are listed (some are refused)."""
+    changed = ckpts.restore(state, trainee, progress, data)
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)
-    continue_schedule(t.optimizer, t.scheduler, cfg.train, t.lr, total_steps)
-    if dist.is_main:
-        checkpoint.note_batch_change(state, data.effective_batch)
-        if changed:
-            print(f"settings changed since step {progress.step}: {', '.join(changed)}")
+    continue_schedule(trainee.optimizer, trainee.scheduler, cfg.train, trainee.lr, total_steps)
+    if dist.is_main and changed:
+        print(f"settings changed since step {progress.step}: {', '.join(changed)}")
 
 
 def report_complete(cfg: Config, dist: DistInfo, progress: Progress, reason: str, meta: dict):
@@ -265,14 +246,13 @@ def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resu
 
 
 def open_run_folder(
-    cfg: Config, ckpts: RunFolder, step: int, tracker_ids: dict | None = None
+    cfg: Config, ckpts: CheckpointManager, step: int, tracker_ids: dict | None = None
 ) -> MetricLogger:
     """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on
     (its trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
-    ckpts.lock()
-    ckpts.remove_stale_temporaries()
+    ckpts.open()
     log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids)
-    save_config(cfg, ckpts.run_dir / "config.yaml")
+    ckpts.write_config()
     return log
 
 

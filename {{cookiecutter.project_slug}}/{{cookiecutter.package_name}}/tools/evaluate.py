@@ -96,7 +96,7 @@ def consolidate_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> int:
-        from ..parallel import consolidate
+        from ..checkpoint import consolidate
 
         print(f"wrote {consolidate(args.checkpoint, args.out)}")
         return 0

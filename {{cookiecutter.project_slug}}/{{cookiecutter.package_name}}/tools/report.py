@@ -21,7 +21,7 @@ from ..utils.plots import INSTALL_HINT, available, save_figure
 
 
 class Collector:
-    """Passed to trainer.evaluate as `observe`: collects what the report needs, batch by
+    """Passed to validation.evaluate as `observe`: collects what the report needs, batch by
     batch (on the device for a classifier: no copy per batch). evaluate hands it outputs in
     the targets' units (task.decode), so regression pairs are the user's numbers."""
 

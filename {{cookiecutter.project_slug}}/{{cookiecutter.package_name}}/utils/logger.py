@@ -24,6 +24,9 @@ REDRAW_EVERY_S = 30.0
 # The last step given to the trackers, beside the checkpoints: a resume from an earlier step
 # finds out that they hold steps it will log again.
 TRACKED_STEP = ".tracked_step"
+# What a damaged record raises when read: a cell that is not a number, bytes that are not
+# UTF-8 (UnicodeDecodeError is a ValueError), a NUL byte or a broken quote (csv.Error).
+DAMAGED = (ValueError, csv.Error)
 
 
 class MetricLogger:
@@ -54,9 +57,8 @@ class MetricLogger:
             for path in (run_dir / "metrics.csv", run_dir.parent / "runs.csv"):
                 if path.is_dir():
                     raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-            kept = _drop_rows_after(run_dir / "metrics.csv", start_step)
             # Wall time continues across resumes (the time between attempts is not counted).
-            self._elapsed = float(kept[-1].get("time/elapsed_s") or 0) if kept else 0.0
+            self._elapsed = _rewind(run_dir / "metrics.csv", start_step)
             self.curves = available()
             if not self.curves:
                 print(f"note: no curves.png without matplotlib; to draw it: {INSTALL_HINT}")
@@ -152,7 +154,11 @@ def record_run(output_dir: Path, row: dict) -> None:
     try:
         # Serialises runs.csv updates of runs that end at the same time.
         locks.lock(folder, output_dir, "two runs ending at once could lose a row of runs.csv")
-        rows = [r for r in _read_csv(path) if r.get("run") != str(row["run"])]
+        try:
+            rows = [r for r in _read_csv(path) if r.get("run") != str(row["run"])]
+        except DAMAGED as exc:  # the run's own result counts more than the old table
+            _set_aside(path, exc)
+            rows = []
         rows.append(_formatted(row))
         header = list(dict.fromkeys(key for r in rows for key in r))
         _write_csv(path, header, rows)
@@ -187,6 +193,24 @@ def _append_csv(path: Path, row: dict) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def _rewind(path: Path, step: int) -> float:
+    """Drop the rows of metrics.csv logged after `step`; returns the wall time they reached.
+    A file that cannot be read is set aside: the checkpoints, not the record, hold the run."""
+    try:
+        kept = _drop_rows_after(path, step)
+        return float(kept[-1].get("time/elapsed_s") or 0) if kept else 0.0
+    except DAMAGED as exc:
+        _set_aside(path, exc)
+        return 0.0
+
+
+def _set_aside(path: Path, exc: Exception) -> None:
+    damaged = path.with_name(f"{path.name}.damaged")
+    os.replace(path, damaged)
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+    print(f"warning: {path} is damaged ({reason}); set aside as {damaged.name}, a new one starts")
 
 
 def _drop_rows_after(path: Path, step: int) -> list[dict]:

@@ -2,10 +2,10 @@
 (the newest `keep_last`), last.pt and best.pt (hard links to step files, so they cost no
 space), config.yaml, metrics.csv, tb/ and .lock (held by the process that trains the run).
 Under train.strategy=fsdp each step file has a folder of shards beside it, step-00001234.dcp/
-(see parallel.py), kept while a checkpoint file names it.
+(see sharded.py), kept while a checkpoint file names it.
 
 RunFolder saves with keep-last-k, chooses what train.resume continues from, and holds the
-lock; what a checkpoint holds and how it is read and written is checkpoint.py's.
+lock; what a checkpoint holds and how it is read and written is files.py's.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import shutil
 import socket
 from pathlib import Path
 
-from . import checkpoint
-from .errors import CheckpointError, ConfigError
-from .utils import locks
+from ..errors import CheckpointError, ConfigError
+from ..utils import locks
+from . import files
 
 # What going without the folder lock risks (a filesystem without locks).
 UNLOCKED_RUN = "two processes training the same run would not be stopped"
@@ -42,7 +42,7 @@ class RunFolder:
     def save(self, state: dict, step: int, is_best: bool) -> Path:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / f"step-{step:08d}.pt"
-        checkpoint.atomic_save(state, path)
+        files.atomic_save(state, path)
         _atomic_link(path, self.run_dir / "last.pt")
         if is_best:
             _atomic_link(path, self.run_dir / "best.pt")
@@ -59,7 +59,7 @@ class RunFolder:
         named = {path.with_suffix(".dcp").name for path in self.step_files()}
         for link in ("last.pt", "best.pt"):  # their step file may be pruned already
             try:
-                named.add(Path(checkpoint.load(self.run_dir / link)["shards"]).name)
+                named.add(Path(files.load(self.run_dir / link)["shards"]).name)
             except (CheckpointError, KeyError):
                 if (self.run_dir / link).exists():
                     return  # cannot tell which folder it needs: keep them all
@@ -84,7 +84,7 @@ class RunFolder:
                 say(f"train.resume=auto: no checkpoint in {self.run_dir}, starting fresh")
             return found
         if resume:
-            return checkpoint.check_training_state(checkpoint.load(resume), resume), Path(resume)
+            return files.check_training_state(files.load(resume), resume), Path(resume)
         if self.checkpoint_files():
             raise ConfigError(
                 f"run {run_name!r} already exists in {self.run_dir}; continue it with "
@@ -109,11 +109,14 @@ class RunFolder:
                 continue
             tried.add((stat.st_dev, stat.st_ino))
             try:
-                return checkpoint.check_training_state(checkpoint.load(path), path), path
-            except checkpoint.CorruptCheckpoint as exc:
+                return files.check_training_state(files.load(path), path), path
+            except files.CorruptCheckpoint as exc:
                 warn(f"warning: skipping {exc}")
                 if quarantine and path.name.startswith("step-"):
                     path.rename(path.with_name(path.name + ".bad"))
+                    shards = path.with_suffix(".dcp")  # fsdp: its shards go aside with it
+                    if shards.is_dir():
+                        shards.rename(shards.with_name(shards.name + ".bad"))
         return None
 
     def lock(self) -> None:

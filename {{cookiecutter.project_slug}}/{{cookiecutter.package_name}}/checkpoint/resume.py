@@ -3,11 +3,13 @@ changed since it was saved, and whether anything is left to train."""
 
 from __future__ import annotations
 
-from . import checkpoint, distributed
-from .config import Config, flatten, to_dict
-from .distributed import DistInfo
-from .errors import CheckpointError, ConfigError, UserError
+from .. import distributed
+from ..config import Config, flatten, to_dict
+from ..distributed import DistInfo
+from ..errors import CheckpointError, ConfigError, UserError
+from . import files
 from .run_folder import RunFolder
+from .state import Progress
 
 # Settings a resumed run cannot change: the seed fixes the data order that the saved position
 # points into, and the warm-up is already (partly) done.
@@ -49,7 +51,7 @@ def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | No
     state, problem = found[0] if found else None, None
     if state is None:
         try:
-            state = checkpoint.check_training_state(checkpoint.load(path), path)
+            state = files.check_training_state(files.load(path), path)
         except UserError as exc:
             problem = str(exc)
     for rank, failure in enumerate(distributed.all_gather_object(problem)):
@@ -75,7 +77,7 @@ def changes(state: dict, cfg: Config) -> list[str]:
     return out
 
 
-def complete_reason(cfg: Config, progress: checkpoint.Progress) -> str | None:
+def complete_reason(cfg: Config, progress: Progress) -> str | None:
     """Why nothing is left to train ("finished": every epoch, "max_steps", "early_stopping"),
     or None while something is. Early stopping is judged with this run's patience: a larger
     one continues an early-stopped run."""

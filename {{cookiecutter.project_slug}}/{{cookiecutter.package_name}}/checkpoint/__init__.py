@@ -1,0 +1,157 @@
+"""Checkpointing, in one place: the trainer and the loop call a CheckpointManager and nothing
+else; the tools (evaluate, predict, export, consolidate, sweeps) read checkpoints with load().
+
+    ckpt = CheckpointManager(cfg, dist)   # the run folder <run.output_dir>/<run.name>/
+    state, path = ckpt.find()             # what train.resume continues from, on every rank
+    changed = ckpt.restore(state, trainee, progress, data)
+    ckpt.open()                           # rank 0: the folder's lock, leftovers of a kill
+    ckpt.write_config()                   # rank 0: config.yaml (a resume: at its first save)
+    ckpt.save(trainee, progress, extra, is_best)   # every epoch and at a stop (every rank)
+    ckpt.close()
+
+The modules inside: files.py (the .pt file: atomic writing, safe reading, what a training
+checkpoint must hold), state.py (Progress, the training state built and restored, weights),
+run_folder.py (step files, keep-last-k, last.pt/best.pt, choosing the newest loadable, the
+lock), resume.py (rank 0 chooses, settings a resume may not change, a finished run) and
+sharded.py (train.strategy=fsdp: the model and optimizer as DCP shards beside the file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import distributed
+from ..config import Config, save_config, to_dict
+from ..data import check_split
+from ..distributed import DistInfo
+from ..utils.seed import rng_state
+from . import sharded
+from .files import (
+    CorruptCheckpoint,
+    atomic_save,
+    check_training_state,
+    fsync_dir,
+    is_bare_weights,
+    load,
+    model_weights,
+)
+from .resume import changes, complete_reason, load_state
+from .run_folder import RunFolder
+from .sharded import consolidate
+from .state import (
+    Progress,
+    init_from,
+    load_model_state,
+    note_batch_change,
+    restore_training_state,
+    strip_prefixes,
+    training_state,
+)
+
+__all__ = [
+    "CheckpointManager",
+    "CorruptCheckpoint",
+    "Progress",
+    "RunFolder",
+    "atomic_save",
+    "check_training_state",
+    "complete_reason",
+    "consolidate",
+    "fsync_dir",
+    "init_from",
+    "is_bare_weights",
+    "load",
+    "load_model_state",
+    "model_weights",
+    "strip_prefixes",
+]
+
+
+class CheckpointManager:
+    """One run's checkpoints: where they live, which one a resume continues from, restoring it
+    into the objects being trained, and saving them (sharded under fsdp) with keep-last-k.
+
+    `trainee` is anything with model, optimizer, scheduler and scaler (loop.Trainee); `data`
+    anything with meta and effective_batch (loop.Data)."""
+
+    def __init__(self, cfg: Config, dist: DistInfo):
+        self.cfg, self.dist = cfg, dist
+        run_dir = Path(cfg.run.output_dir) / cfg.run.name
+        self.folder = RunFolder(run_dir, cfg.train.keep_last)
+        self._config_due = False  # config.yaml waits for the first save of a resumed run
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder.run_dir
+
+    def find(self) -> tuple[dict | None, str | None]:
+        """The training state train.resume asks to continue from, read on every rank, and its
+        path; (None, None) for a fresh run. Refuses to overwrite a run that has checkpoints."""
+        state, path = load_state(self.cfg, self.dist, self.folder)
+        self._config_due = path is not None
+        return state, path
+
+    def restore(self, state: dict, trainee, progress: Progress, data) -> list[str]:
+        """Continue the run of `state` exactly (a collective under fsdp): the same validation
+        rows, every state restored. Returns the settings changed since, "key old -> new";
+        refuses the ones a resume keeps (resume.FIXED)."""
+        changed = changes(state, self.cfg)
+        if data.meta.get("split"):  # the same validation rows as before the stop
+            fix = "resume on the same data, or start a new run (run.name=<new name>)"
+            check_split(data.meta["split"], state.get("data"), fix)
+        t, dist = trainee, self.dist
+        sharded.restore(state, t.model, t.optimizer, self.cfg.train.strategy)
+        restore_training_state(
+            state,
+            t.model,
+            t.optimizer,
+            t.scheduler,
+            t.scaler,
+            progress,
+            dist.rank,
+            dist.world_size,
+        )
+        if dist.is_main:
+            note_batch_change(state, data.effective_batch)
+        return changed
+
+    def open(self) -> None:
+        """Rank 0 takes the run folder before writing to it: the lock, and the temporary files
+        of a run killed mid-save removed."""
+        self.folder.lock()
+        self.folder.remove_stale_temporaries()
+
+    def write_config(self) -> None:
+        """Rank 0: config.yaml, the settings the run's checkpoints were trained with. Written
+        now for a new run; for a resumed one with its first checkpoint, so a resume that fails
+        (a refused setting, a first step that fails) leaves the file as it was."""
+        path = self.run_dir / "config.yaml"
+        if not self._config_due or not path.is_file():
+            save_config(self.cfg, path)
+            self._config_due = False
+
+    def save(self, trainee, progress: Progress, extra: dict, is_best: bool) -> None:
+        """A checkpoint of where the run stands (a collective: every rank calls it); `extra`
+        (the data's meta and io, tracker ids) goes into the file as it is. Rank 0 writes."""
+        rngs = distributed.all_gather_object(rng_state())
+        t = trainee
+        shards = sharded.save_shards(t.model, t.optimizer, self.run_dir, progress.step)
+        if self.dist.is_main:
+            state = training_state(
+                t.model,
+                t.optimizer,
+                t.scheduler,
+                t.scaler,
+                progress,
+                to_dict(self.cfg),
+                rngs,
+                self.dist.world_size,
+                shards,
+            )
+            self.folder.save({**state, **extra}, progress.step, is_best)
+            if self._config_due:
+                save_config(self.cfg, self.run_dir / "config.yaml")
+                self._config_due = False
+
+    def close(self) -> None:
+        self.folder.unlock()

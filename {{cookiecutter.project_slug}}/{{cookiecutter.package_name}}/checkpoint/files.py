@@ -1,0 +1,208 @@
+"""The checkpoint file: crash-safe writing, safe loading, what a file must hold to resume from,
+and clear errors for files that are not checkpoints (CorruptCheckpoint: safe to set aside).
+
+A checkpoint holds the model, optimizer, scheduler and scaler states, the Progress (epoch,
+step, position inside the epoch, best metric), every rank's RNG streams, the resolved config,
+the data's meta (class names, normalisation, the validation split), "io" (the model's input
+shape and dtype and output size, so prediction and export need no data) and metadata (torch
+version, git commit, world size); state.py builds and restores it. Under train.strategy=fsdp
+the model and optimizer are in a folder of shards beside the file (sharded.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError, first_line
+
+TRAINING_KEYS = ("model", "optimizer", "scheduler", "scaler", "progress", "config")
+
+
+class CorruptCheckpoint(CheckpointError):
+    """The bytes are not a checkpoint (truncated, overwritten, not a torch file), so the file
+    can be set aside. Other read failures (I/O, memory) say nothing about the file."""
+
+
+def check_training_state(state: dict, path: str | Path) -> dict:
+    """`state` if it holds what a resume needs, else a CheckpointError saying what it is."""
+    if is_bare_weights(state):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds model weights only, not a training state; "
+            f"start a new run from them with train.init_from={path}"
+        )
+    # A sharded checkpoint's model and optimizer are in the folder it names (sharded.py).
+    sharded = ("model", "optimizer") if isinstance(state.get("shards"), str) else ()
+    missing = [key for key in TRAINING_KEYS if key not in state and key not in sharded]
+    wrong = [
+        key
+        for key in ("model", "progress", "config")
+        if key not in sharded and not isinstance(state.get(key), dict)
+    ]
+    if missing or wrong:
+        what = f"no {', '.join(missing)}" if missing else f"its {wrong[0]!r} is not a mapping"
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is not a training checkpoint of this project ({what}); "
+            f"resume from a file this project saved, or use train.init_from={path}"
+        )
+    return state
+
+
+def model_weights(state: dict, path: str | Path) -> dict:
+    """The model's state_dict: a training checkpoint's, or a bare `model.state_dict()` file."""
+    if is_bare_weights(state):
+        return state
+    if isinstance(state.get("model"), dict):
+        return state["model"]
+    if "shards" in state:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is sharded (train.strategy=fsdp); write its full model "
+            f"to one file with: python scripts/consolidate.py --checkpoint {path}"
+        )
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} holds no model weights (no 'model' entry, and not a "
+        "state_dict of tensors); pass a file saved by training or torch.save(model.state_dict())"
+    )
+
+
+def is_bare_weights(state: dict) -> bool:
+    return bool(state) and all(isinstance(value, torch.Tensor) for value in state.values())
+
+
+def atomic_save(obj, path: Path) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over `path`.
+
+    A rename within one filesystem is atomic, so a reader (or a run killed at any instant)
+    sees either the old complete file or the new complete file, never a truncated one.
+    """
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load(path: str | Path) -> dict:
+    """Read a checkpoint onto the CPU with weights_only=True: tensors and plain containers only,
+    never pickled code. Restoring copies each tensor to where its parameter lives, so a file
+    saved on any device resumes on any other (and RNG states stay the CPU tensors torch needs).
+
+    Raises CorruptCheckpoint when the bytes are not a checkpoint, CheckpointError otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} not found; check the path")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" in str(exc) or "Unsupported global" in str(exc):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds pickled Python objects, which weights_only "
+                "loading refuses (they can run code); re-save it with tensors and plain "
+                "containers only, if you trust its source"
+            ) from None
+        raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
+    except (EOFError, zipfile.BadZipFile, KeyError, IndexError, ValueError) as exc:
+        raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
+    except RuntimeError as exc:
+        # torch says "PytorchStreamReader failed...", "Invalid magic number; corrupt file?" and
+        # more for bad bytes; the same class also carries allocation failures.
+        if "memory" in str(exc).lower() or not _reads_back(path):
+            raise CheckpointError(unreadable(path, exc)) from None
+        raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
+    except OSError as exc:
+        # torch's zip reader raises EINVAL on a truncated file: the file's fault only if
+        # plain reading succeeds. Any other errno (EIO, ESTALE, EACCES...) is the system's.
+        if exc.errno == errno.EINVAL and _reads_back(path):
+            raise CorruptCheckpoint(_not_a_checkpoint(path, exc)) from None
+        raise CheckpointError(unreadable(path, exc)) from None
+    except MemoryError as exc:
+        raise CheckpointError(unreadable(path, exc)) from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(
+            f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict of state"
+        )
+    if isinstance(state.get("shards"), str):  # sharded (sharded.py): the folder beside it
+        folder = path.parent / state["shards"]
+        if not (folder / ".metadata").is_file():
+            raise CorruptCheckpoint(
+                f"checkpoint {str(path)!r} names the shard folder {str(folder)!r}, which is "
+                "missing or incomplete"
+            )
+        check_shards(folder, path)
+        state["shards"] = str(folder)
+    return state
+
+
+def _reads_back(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+        return True
+    except OSError:
+        return False
+
+
+def _not_a_checkpoint(path: Path, exc: BaseException) -> str:
+    reason = first_line(exc, 160).split(". ")[0]
+    return (
+        f"checkpoint {str(path)!r} is not a checkpoint (corrupt, truncated or not a torch "
+        f"file: {reason})"
+    )
+
+
+def unreadable(path: Path, exc: BaseException) -> str:
+    reason = f"{type(exc).__name__}: {first_line(exc, 160)}"
+    return (
+        f"checkpoint {str(path)!r} could not be read ({reason}); "
+        "nothing was renamed: fix the cause (disk, network filesystem, permissions, memory) "
+        "and run the same command again"
+    )
+
+
+def fsync_dir(path: Path) -> None:
+    # Makes the rename itself durable; not possible (nor needed) on Windows.
+    if hasattr(os, "O_DIRECTORY"):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def check_shards(folder: Path, path: Path) -> None:
+    """Raise CorruptCheckpoint unless every shard file that the folder's .metadata points into
+    is there and long enough. A truncated or missing shard is found here, by every rank before
+    the collective read, so train.resume=auto falls back to the previous checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        storage = dcp.FileSystemReader(str(folder)).read_metadata().storage_data or {}
+    except OSError as exc:  # the system's fault, not the file's: nothing is set aside
+        raise CheckpointError(unreadable(folder / ".metadata", exc)) from None
+    except Exception as exc:  # pickled: a damaged index fails in many ways
+        raise CorruptCheckpoint(
+            f"checkpoint {str(path)!r}: its shard index {str(folder / '.metadata')!r} is "
+            f"damaged ({first_line(exc, 160)})"
+        ) from None
+    ends: dict[str, int] = {}
+    for info in storage.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        shard = folder / name
+        size = shard.stat().st_size if shard.is_file() else -1
+        if size < end:
+            what = "missing" if size < 0 else f"truncated ({size} of {end} bytes)"
+            raise CorruptCheckpoint(
+                f"checkpoint {str(path)!r}: its shard file {str(shard)!r} is {what}"
+            )

@@ -1,0 +1,190 @@
+"""The training state in a checkpoint: where the run stands (Progress), the state built from
+the objects being trained and restored into them, and model weights loaded strictly (resume)
+or where they fit (train.init_from).
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from ..utils.seed import set_rng_state
+from .files import load, model_weights
+
+PREFIXES = ("module.", "_orig_mod.")  # added by DistributedDataParallel and torch.compile
+
+
+@dataclass
+class Progress:
+    """Where the run stands; saved in every checkpoint."""
+
+    epoch: int = 0  # the epoch in progress (or the next to start)
+    step: int = 0  # optimizer steps taken in total
+    epoch_samples: int = 0  # samples of this epoch's (global) order already trained on
+    best: float | None = None  # best validation value of train.best_metric so far
+    # Fields added later keep their defaults when an older checkpoint is restored.
+    best_epoch: int | None = None  # the epoch (1-based) whose validation gave `best`
+    bad_epochs: int = 0  # epochs since `best` last improved by more than early_stop_min_delta
+    train_seconds: float = 0.0  # time in completed training epochs (no validation), all sessions
+    samples: int = 0  # samples trained on in those epochs: with train_seconds, the throughput
+    metrics: dict = field(default_factory=dict)  # the last validation metrics
+
+    def improves(
+        self, value: float, mode: str, min_delta: float = 0.0, epoch_end: bool = True
+    ) -> bool:
+        """Record the validation `value` of the epoch just finished (self.epoch of them): the
+        best if it is (True then), and whether it improved on the best by more than
+        `min_delta`, which early stopping counts in bad_epochs. Not `epoch_end`: a validation
+        inside epoch self.epoch + 1 (train.max_steps), which early stopping does not count."""
+        sign = 1.0 if mode == "max" else -1.0
+        if epoch_end:
+            significant = self.best is None or sign * (value - self.best) > min_delta
+            self.bad_epochs = 0 if significant else self.bad_epochs + 1
+        better = self.best is None or sign * (value - self.best) > 0
+        if better:
+            self.best, self.best_epoch = value, self.epoch + (0 if epoch_end else 1)
+        return better
+
+
+def training_state(
+    model,
+    optimizer,
+    scheduler,
+    scaler,
+    progress: Progress,
+    config: dict,
+    rngs: list,
+    world_size: int,
+    shards: str | None = None,
+) -> dict:
+    """Everything needed to continue as if never stopped (tensors and plain containers only).
+    With `shards` (train.strategy=fsdp) the model and optimizer are in that folder instead."""
+    if shards:
+        weights = {"shards": shards}  # the folder's name: the run folder can move
+    else:
+        weights = {
+            "model": model.state_dict(),  # the plain module: no module./_orig_mod. prefixes
+            "optimizer": optimizer.state_dict(),
+        }
+    return {
+        **weights,
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "progress": asdict(progress),
+        "rng": rngs,  # one entry per rank
+        "config": config,
+        "meta": {
+            "torch": str(torch.__version__),
+            "git_commit": _git_commit(),
+            "world_size": world_size,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    }
+
+
+def restore_training_state(
+    state: dict,
+    model,
+    optimizer,
+    scheduler,
+    scaler,
+    progress: Progress,
+    rank: int,
+    world_size: int,
+) -> None:
+    """Load a training state (read on the CPU) into objects on the training device:
+    load_state_dict copies each tensor to where its parameter lives."""
+    if "shards" not in state:  # a sharded state's model and optimizer: sharded.restore
+        load_model_state(model, state["model"], "resume")
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if state["scaler"]:  # empty when saved without fp16; a fresh scaler starts from defaults
+        scaler.load_state_dict(state["scaler"])
+    for key, value in state["progress"].items():
+        setattr(progress, key, value)
+    rngs = state.get("rng", [])
+    # Exact continuation needs this rank's own RNG streams; on another world size the ranks
+    # keep their fresh seeds (the data order still resumes exactly, see data/sampler.py).
+    if len(rngs) == world_size:
+        set_rng_state(rngs[rank])
+
+
+def note_batch_change(state: dict, effective_batch: int) -> None:
+    """Resuming on another number of ranks continues exactly when the effective batch stays."""
+    train, ranks = state["config"].get("train", {}), state.get("meta", {}).get("world_size", 1)
+    saved = train.get("batch_size", 0) * train.get("grad_accum_steps", 1) * ranks
+    if saved and saved != effective_batch:
+        print(
+            f"note: the checkpoint's effective batch was {saved} ({ranks} ranks), now "
+            f"{effective_batch}: the data resumes at the same sample, the lr schedule at the "
+            f"same step; keep train.batch_size x train.grad_accum_steps x ranks = {saved} to "
+            "continue exactly"
+        )
+
+
+def strip_prefixes(state_dict: dict) -> dict:
+    out = {}
+    for key, value in state_dict.items():
+        while key.startswith(PREFIXES):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
+
+
+def load_model_state(model: nn.Module, state_dict: dict, source: str) -> None:
+    """Strict load whose error names every mismatch on one line."""
+    state_dict = strip_prefixes(state_dict)
+    problems = _mismatches(model.state_dict(), state_dict)
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {source!r} does not fit this model: {problems}; use the model.* and "
+            "data.* settings it was trained with, or train.init_from to reuse what fits"
+        )
+    model.load_state_dict(state_dict)
+
+
+def init_from(model: nn.Module, path: str) -> list[str]:
+    """Fine-tuning start: copy every tensor whose name and shape match; return those skipped.
+    Takes a training checkpoint or a bare state_dict file."""
+    weights = strip_prefixes(model_weights(load(path), path))
+    own = model.state_dict()
+    fits = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    if not fits:
+        raise CheckpointError(
+            f"train.init_from={path!r}: no tensor fits this model ({_mismatches(own, weights)})"
+        )
+    model.load_state_dict(fits, strict=False)
+    return sorted(set(own) - set(fits))
+
+
+def _mismatches(own: dict, theirs: dict) -> str:
+    missing = [k for k in own if k not in theirs]
+    unexpected = [k for k in theirs if k not in own]
+    shapes = [
+        f"{k} {tuple(theirs[k].shape)} vs {tuple(own[k].shape)}"
+        for k in own
+        if k in theirs and tuple(theirs[k].shape) != tuple(own[k].shape)
+    ]
+    parts = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
+        if items:
+            more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+            parts.append(f"{label}: {', '.join(items[:3])}{more}")
+    return "; ".join(parts)
+
+
+@functools.cache  # once per run: the code that runs is the code at start, and git costs ~5 ms
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -14,6 +14,10 @@ Exit codes: 0 done, 2 bad input (one line says what to fix), 75 preempted or a f
 """
 
 from {{ cookiecutter.package_name }}.tools.train import train_main
+from {{ cookiecutter.package_name }}.utils.signals import hold_for_process
 
 if __name__ == "__main__":
+    # Before torch is imported, and until the process ends: a SIGTERM during start-up, or a
+    # second one while the process exits after its save, still ends the run with 75.
+    hold_for_process()
     raise SystemExit(train_main())

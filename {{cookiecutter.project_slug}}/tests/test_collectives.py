@@ -23,11 +23,11 @@ from {{ cookiecutter.package_name }}.checkpoint import Progress
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.distributed import DistInfo, StopVote
 from {{ cookiecutter.package_name }}.loop import read_losses
-from {{ cookiecutter.package_name }}.validation import evaluate
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks.classification import Classification, Options
 from {{ cookiecutter.package_name }}.tools import report
 from {{ cookiecutter.package_name }}.utils.signals import StopSignal
+from {{ cookiecutter.package_name }}.validation import evaluate
 
 CPU = torch.device("cpu")
 

@@ -29,6 +29,19 @@ def out_dir(tiny, name="default") -> Path:
     return Path(load_config(None, tiny).run.output_dir) / name
 
 
+def launch(*overrides: str) -> subprocess.Popen:
+    """scripts/train.py in its own process group, stdout and stderr together in .stdout."""
+    return subprocess.Popen(
+        [sys.executable, "scripts/train.py", *overrides],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -55,17 +68,7 @@ def test_a_stop_signal_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrup
     fit(load_config(None, [*exact, "run.name=straight"]))
     expected = checkpoint.load(out_dir(tiny, "straight") / "last.pt")
 
-    args = [sys.executable, "scripts/train.py", *exact, "run.name=preempted"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        args,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = launch(*exact, "run.name=preempted")
     # Signal as soon as epoch 1 is saved: the run is then inside epoch 2 of 3.
     deadline = time.monotonic() + 60
     while not list(out_dir(tiny, "preempted").glob("step-*.pt")) and time.monotonic() < deadline:
@@ -83,6 +86,47 @@ def test_a_stop_signal_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrup
     final = checkpoint.load(out_dir(tiny, "preempted") / "last.pt")
     assert final["progress"]["step"] == total
     assert same_weights(final["model"], expected["model"])
+
+
+def test_sigterm_again_and_again_after_the_first_still_ends_with_75(tiny):
+    """A scheduler may repeat its SIGTERM; one that lands while the process exits after its
+    save (Python's shutdown puts the default handler back) killed it with -15."""
+    proc = launch(*tiny, "data.train_size=2048", "train.epochs=20")
+    deadline = time.monotonic() + 60
+    while not list(out_dir(tiny).glob("step-*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while proc.poll() is None:  # the first, then one every 0.1 s until the process has ended
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(0.1)
+    rest = proc.stdout.read()
+    assert proc.returncode == EXIT_PREEMPTED and "stopped (SIGTERM)" in rest, rest
+    assert "Traceback" not in rest
+    assert checkpoint.load(out_dir(tiny) / "last.pt")["progress"]["step"] > 0
+
+
+def test_a_sigterm_during_start_up_stops_cleanly(tiny):
+    """Sent while torch is being imported (its library mapped into the process: Linux's
+    /proc), before the run has installed its handlers; it used to end the process with -15."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("needs Linux's /proc to see when torch is being imported")
+    proc = launch(*tiny)
+    deadline = time.monotonic() + 60
+    while "libtorch" not in _mapped(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=60) == EXIT_PREEMPTED and "stopped (SIGTERM)" in rest, rest
+    assert "Traceback" not in rest
+    saved = checkpoint.load(out_dir(tiny) / "last.pt")  # complete: a resume continues it
+    assert saved["progress"]["step"] == 1
+
+
+def _mapped(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # the process has ended
+        return "libtorch (gone)"
 
 
 def test_a_second_ctrl_c_quits_without_waiting_for_the_save():

@@ -41,4 +41,28 @@ def user_message(exc: UserError) -> str:
     text = str(exc).strip()
     if text.startswith("Caught ") and "Original Traceback" in text:
         text = text.splitlines()[-1].partition(": ")[2] or text.splitlines()[-1]
+    return bounded(text)
+
+
+# A message quotes what the user gave (a value, a key, a column name), which can be a megabyte.
+QUOTE_LIMIT = 200  # characters of one quoted value
+LINE_LIMIT = 1000  # characters of a whole message
+
+
+def _quoted(q: str) -> str:
+    """q, over QUOTE_LIMIT characters of one line, q (spelt without brace pairs: this file
+    is a template)."""
+    return q + "[^" + q + "\\n]" + "{" + str(QUOTE_LIMIT + 1) + ",}" + q
+
+
+# A repr's quote follows a space, ( [ = or :, never a letter, as the apostrophe of "it's" does.
+_LONG_QUOTE = re.compile(r"(?<!\w)(" + _quoted("'") + "|" + _quoted('"') + ")")
+
+
+def bounded(text: str) -> str:
+    """`text` with each quoted value cut to QUOTE_LIMIT characters, and the whole kept under
+    LINE_LIMIT: its start (the problem) and its end (the fix) survive."""
+    text = _LONG_QUOTE.sub(lambda m: m[0][: QUOTE_LIMIT + 1] + "…" + m[0][0], text)
+    if len(text) > LINE_LIMIT:
+        text = f"{text[: LINE_LIMIT - 320]} … {text[-300:]}"
     return text

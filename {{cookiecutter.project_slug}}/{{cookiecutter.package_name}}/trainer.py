@@ -36,8 +36,8 @@ from .utils.device import check_amp, configure_backends, configure_threads
 from .utils.logger import MetricLogger, record_run
 from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
-from .validation import evaluate
 from .utils.trackers import check_installed
+from .validation import evaluate
 
 __all__ = ["EXIT_PREEMPTED", "NonFiniteLoss", "build_data", "evaluate", "fit"]
 

@@ -39,7 +39,7 @@ def read_file(
             f"{exc.start}); save it with UTF-8 encoding"
         ) from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text, f"config file {name!r}") or {}
     except RecursionError:  # PyYAML recurses once per nesting level
         raise ConfigError(
             f"config file {name!r} is nested too deeply to read; a config holds sections of "
@@ -68,13 +68,52 @@ def parse_value(item: str, raw: str) -> Any:
     if not raw.strip():
         return ""
     try:
-        return yaml.safe_load(raw)
+        return load_yaml(raw, f"override {short(item)!r}")
     except (yaml.YAMLError, RecursionError) as exc:
         problem = getattr(exc, "problem", None) or "nested too deeply"
         raise ConfigError(
             f"override {short(item)!r}: cannot read the value ({problem}); write a number, "
             "true/false or plain text, and quote text that starts with [ { ! & * or a quote"
         ) from None
+
+
+# Nodes a document may hold once its aliases are expanded. A config is a few hundred; an alias
+# bomb (billion laughs: 9 aliases of 9 aliases of ...) fits a billion in 500 bytes, and
+# whatever walks the result (merging, checking, printing it in a message) would take hours.
+MAX_NODES = 100_000
+
+
+def load_yaml(text: str, what: str) -> Any:
+    """yaml.safe_load, but a document that expands to more than MAX_NODES nodes through
+    anchors and aliases (&a / *a) is refused before it is built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_NODES:
+            raise ConfigError(
+                f"{what} expands to over {MAX_NODES:,} values through its aliases (*name); "
+                "write the values out instead of repeating anchors (&name)"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict) -> int:
+    """The nodes under `node` with every alias expanded; each node is counted once (`sizes`),
+    so this is linear in the document's size however far the aliases would expand."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = MAX_NODES + 1  # until known: a node that holds itself (&a [*a]) is endless
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    sizes[id(node)] = total = min(total, MAX_NODES + 1)
+    return total
 
 
 def short(text: str, limit: int = 60) -> str:

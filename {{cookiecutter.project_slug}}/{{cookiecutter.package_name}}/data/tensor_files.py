@@ -49,8 +49,10 @@ class TensorFiles(InMemoryDataset):
             self.num_targets = self.y[0].numel()
         elif self.y.shape == self.x.shape:  # token ids in and out: language modelling
             self.vocab_size = int(max(self.x.max(), self.y.max())) + 1
+            _check_count(path, "token", self.vocab_size, self.x.numel())
         else:
             self.num_classes = int(self.y.max()) + 1
+            _check_count(path, "class", self.num_classes, len(self.y))
             if self.num_classes < 2 and name == "train":
                 _refuse(path, "y holds class 0 only; a classifier needs at least 2 classes")
         if name == "train":
@@ -114,6 +116,8 @@ def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor
             _refuse(path, f"{key} is a {type(value).__name__}, not a tensor")
     if x.dim() < 2:
         _refuse(path, f"x has shape {tuple(x.shape)}; it needs a sample dim and a feature dim")
+    if 0 in x.shape[1:]:
+        _refuse(path, f"x has shape {tuple(x.shape)}: its samples hold no features")
     tokens = x.dtype == torch.int64 and y.shape == x.shape
     if x.dtype in (torch.float64, torch.float16, torch.bfloat16):
         x = x.float()  # models train in float32 (train.amp handles lower precision)
@@ -139,6 +143,22 @@ def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor
     if not y.dtype.is_floating_point and int(y.min()) < 0:
         _refuse(path, f"y holds {int(y.min())}; class ids start at 0")
     return x, y
+
+
+# Ids are counted from 0 to the largest one, and the model gets an output (an embedding row)
+# for each: an id far beyond the samples (a raw id such as 2,000,000,000) would ask for
+# gigabytes. More ids than samples is allowed up to this many, for small files.
+MIN_ID_BOUND = 10_000
+
+
+def _check_count(path: Path, kind: str, count: int, samples: int) -> None:
+    if count > max(samples, MIN_ID_BOUND):
+        _refuse(
+            path,
+            f"it holds {kind} id {count - 1:,}, which asks for {count:,} {kind} ids for "
+            f"{samples:,} samples; number the ids 0..K-1, e.g. "
+            "torch.unique(y, return_inverse=True)[1]",
+        )
 
 
 def _refuse(path: Path, problem: str):

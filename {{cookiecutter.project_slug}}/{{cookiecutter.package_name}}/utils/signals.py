@@ -5,6 +5,7 @@ checkpoints are written atomically, so the last one saved stays whole."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -18,6 +19,27 @@ def _named(*names: str) -> tuple:
 SIGNALS = _named("SIGTERM", "SIGUSR1", "SIGINT")
 # Ignored by the shell that started us (a background job `cmd &`, nohup): they stay ignored.
 KEEP_IGNORED = _named("SIGINT", "SIGHUP")
+
+
+# SIGTERM / SIGUSR1 noted by hold_for_process() while no run was listening (start-up).
+_noted: list[str] = []
+
+
+def hold_for_process() -> None:
+    """For an entry point, before anything slow (importing torch): from then until the
+    process ends, SIGTERM and SIGUSR1 are noted, never fatal. One during start-up stops the
+    run that StopSignal.install() then starts (after its first step, saved: exit 75); one
+    after the run's own handlers are gone (a second SIGTERM while the process exits after
+    its save) leaves the exit status as it was, not -15."""
+    held = _named("SIGTERM", "SIGUSR1")
+    catch(held, _note)
+    # Python's own shutdown sets its handlers back to the default (die) and then still frees
+    # torch for a while; an ignored signal stays ignored through it.
+    atexit.register(catch, held, signal.SIG_IGN)
+
+
+def _note(signum, frame) -> None:
+    _noted.append(signal.Signals(signum).name)
 
 
 def catch(signals, handler) -> dict:
@@ -48,6 +70,9 @@ class StopSignal:
 
     def install(self) -> None:
         self._previous = catch(SIGNALS, self._handle)
+        if _noted and not self.requested:  # a stop that came during start-up
+            self.reason = _noted[0]
+        _noted.clear()
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.requested:

@@ -124,6 +124,7 @@ EXPECTED = {
     "tests/test_devices.py",
     "tests/test_bad_input.py",
     "tests/test_hostile_input.py",
+    "tests/test_layout.py",
     "tests/test_distributed.py",
     "tests/test_fsdp.py",
     "tests/test_collectives.py",

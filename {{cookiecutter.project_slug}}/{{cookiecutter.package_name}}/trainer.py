@@ -1,6 +1,10 @@
 """Training: `fit(cfg)` runs the recipe in `train()`, which reads top to bottom: prepare the
 process, build the data and the model, resume, run the epochs (loop.py), summarise.
 
+One optimizer step is loop.train_step: the micro-batch loop, autocast and the scaled backward
+(loop.py, utils/device.py), the task's loss (tasks/), gradient sync and clipping
+(parallel.py). README.md's "What the training loop does" maps the whole run, file by file.
+
 The same code runs as one process (`python scripts/train.py`) and under torchrun, one process
 per GPU (or CPU slot) with DistributedDataParallel, or sharded with FSDP (parallel.py); see
 README.md for the launch commands.

@@ -50,6 +50,7 @@ EXPECTED = {
     "scripts/make_demo_data.py",
     "scripts/consolidate.py",
     "scripts/compare_runs.py",
+    "scripts/_bootstrap.py",
     "PKG/__init__.py",
     "PKG/tools/__init__.py",
     "PKG/tools/cli.py",
@@ -134,6 +135,7 @@ EXPECTED = {
     "tests/pairwise.py",
     "tests/test_combinations.py",
     "tests/test_end_to_end.py",
+    "tests/test_first_hour.py",
     "tests/test_trackers.py",
     "tests/test_locks.py",
 }

@@ -72,7 +72,9 @@ class TrainConfig:
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # rescale lr for the effective batch
     ref_batch_size: int = 64  # the effective batch that `lr` was tuned for
     weight_decay: float = 0.05
-    warmup_steps: int = 50  # linear warm-up in optimizer steps, then cosine decay
+    # Linear warm-up, then cosine decay: a step count (20), or below 1 a fraction of the
+    # planned steps (0.05 = the first 5%), which fits runs of any length.
+    warmup_steps: int | float = 0.05
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (norm still logged)
@@ -116,6 +118,14 @@ class Config:
         return metric, directions[
             metric
         ] if self.train.best_mode == "auto" else self.train.best_mode
+
+    def tie_break(self) -> tuple[str, str]:
+        """The metric that decides between equal values of best(): the loss (lower is better),
+        or when best() is the loss, the task's first other metric."""
+        directions = components("task")[self.task.name].metrics
+        best = self.best()[0]
+        metric = "loss" if best != "loss" else next(m for m in directions if m != "loss")
+        return metric, directions[metric]
 
 
 _SECTIONS = {
@@ -228,7 +238,7 @@ def validate(cfg: Config) -> None:
         ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "a finite number > 0"),
         ("train.ref_batch_size", cfg.train.ref_batch_size >= 1, ">= 1"),
         ("train.weight_decay", cfg.train.weight_decay >= 0, ">= 0"),
-        ("train.warmup_steps", cfg.train.warmup_steps >= 0, ">= 0"),
+        ("train.warmup_steps", _is_warmup(cfg.train.warmup_steps), WARMUP_RULE),
         ("train.min_lr_ratio", 0 <= cfg.train.min_lr_ratio <= 1, "between 0 and 1"),
         ("train.grad_accum_steps", cfg.train.grad_accum_steps >= 1, ">= 1"),
         ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
@@ -268,6 +278,14 @@ def validate(cfg: Config) -> None:
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+WARMUP_RULE = "a step count (a whole number >= 0) or a fraction of the planned steps below 1"
+
+
+def _is_warmup(value: float) -> bool:
+    """A whole number of steps, or a fraction in [0, 1) (nan and inf fail every test)."""
+    return math.isfinite(value) and value >= 0 and (value < 1 or value == int(value))
 
 
 def _check_best(cfg: Config) -> None:

@@ -36,12 +36,13 @@ from .optim import (
     continue_schedule,
     planned_steps,
     scaled_lr,
+    warmup_count,
 )
 from .run_folder import RunFolder
 from .summary import summary
 from .tasks import TASKS, build_task
-from .utils.device import check_amp, configure_backends, configure_threads
-from .utils.logger import MetricLogger, record_run
+from .utils.device import busy_note, check_amp, configure_backends, configure_threads
+from .utils.logger import MetricLogger, human_count, record_run
 from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
 from .utils.trackers import check_installed
@@ -98,6 +99,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote)
         metrics, stopped = run_epochs(loop, ckpts)
         if dist.is_main:
+            log.close()  # draws the last curves.png, which the summary lists
             summarise(cfg, progress, stopped, data.meta, time.perf_counter() - started)
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
@@ -225,9 +227,11 @@ def restore(
         state, t.model, t.optimizer, t.scheduler, t.scaler, progress, dist.rank, dist.world_size
     )
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)
-    continue_schedule(t.optimizer, t.scheduler, cfg.train, t.lr, total_steps)
+    note = continue_schedule(t.optimizer, t.scheduler, cfg.train, t.lr, total_steps)
     if dist.is_main:
         checkpoint.note_batch_change(state, data.effective_batch)
+        if note:
+            print(note)
         if changed:
             print(f"settings changed since step {progress.step}: {', '.join(changed)}")
 
@@ -252,14 +256,24 @@ def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Train
 
 
 def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resumed_at):
-    """The run's one line: model size, devices, threads, precision, batch, lr, steps."""
+    """The run's one line: model size, devices, threads, precision, batch, lr, steps and the
+    schedule's plan; a warning when train.warmup_steps outlasts the run."""
     params = sum(p.numel() for p in trainee.model.parameters())
+    plan = trainee.scheduler.lr_lambdas[0]  # optim.WarmupCosine: a resumed run's own plan too
     print(
-        f"run {cfg.run.name}: {cfg.model.name} {params / 1e6:.2f}M params | {device} x "
-        f"{dist.world_size} | CPU threads {threads} | amp {cfg.train.amp} | effective batch "
-        f"{data.effective_batch} | lr {trainee.lr:.2e} | {data.steps_per_epoch} steps/epoch"
+        f"run {cfg.run.name}: {cfg.model.name} {human_count(params)} params | {device} x "
+        f"{dist.world_size} | CPU threads {threads}{busy_note(threads)} | amp {cfg.train.amp} | "
+        f"effective batch {data.effective_batch} | lr {trainee.lr:.2e} | "
+        f"{data.steps_per_epoch} steps/epoch | warm-up {plan.warmup} of {plan.total} steps"
         + (f" | resumed at step {resumed_at}" if resumed_at is not None else "")
     )
+    warmup = warmup_count(cfg.train, plan.total)
+    if resumed_at is None and warmup >= plan.total > 0:
+        print(
+            f"warning: train.warmup_steps={cfg.train.warmup_steps:g} is longer than the "
+            f"{plan.total} steps this run plans: the lr climbs all run; set "
+            "train.warmup_steps to fewer steps, or to a fraction (0.05 = the first 5%)"
+        )
     if parallel.is_sharded(trainee.model):
         print(parallel.memory_report(trainee.model))
 

@@ -67,9 +67,6 @@ def test_the_first_run_line_shows_the_plan_and_warns_of_a_warmup_longer_than_the
     monkeypatch.setattr(devices.os, "getloadavg", lambda: (9.0, 9.0, 9.0))  # a busy machine
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # run.threads=2 stays here
-    # The summary's file list includes curves.png, drawn at the end (matplotlib or not here).
-    monkeypatch.setattr(logger, "available", lambda: True)
-    monkeypatch.setattr(logger, "plot_curves", lambda csv, png: png.write_bytes(b"png") and 1)
     fit(load_config(None, [*tiny, "train.epochs=1", "train.warmup_steps=50", "run.threads=2"]))
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("run default:"))
@@ -80,8 +77,16 @@ def test_the_first_run_line_shows_the_plan_and_warns_of_a_warmup_longer_than_the
         "warning: train.warmup_steps=50 is longer than the 16 steps this run plans: the lr "
         "climbs all run" in out
     )
+
+
+def test_the_summary_lists_curves_png_drawn_at_the_end_of_the_run(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(logger, "available", lambda: True)  # matplotlib or not, here
+    monkeypatch.setattr(logger, "plot_curves", lambda csv, png: png.write_bytes(b"png") and 1)
+    fit(load_config(None, [*tiny, "train.epochs=1"]))  # shorter than REDRAW_EVERY_S
+    out = capsys.readouterr().out
     folder = next(x for x in out.splitlines() if x.startswith("  run folder "))
-    assert folder.endswith("curves.png, last.pt, metrics.csv, step-00000016.pt")
+    files = "best.pt, config.yaml, curves.png, last.pt, metrics.csv, step-00000016.pt"
+    assert folder.endswith(f": {files}")
 
 
 def test_an_idle_machine_or_one_thread_gets_no_note(monkeypatch):

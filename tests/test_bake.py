@@ -259,6 +259,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "data/train.pt",
         "data/val.pt",
         "checkpoints/runs.csv",
+        "checkpoints/compare.png",  # written by scripts/compare_runs.py checkpoints/*
         "my_pytorch_project/data/my_data.py",  # the README's examples of new files
         "my_pytorch_project/models/my_net.py",
         "data/demo/text.txt",  # written by scripts/make_demo_data.py text

@@ -51,6 +51,7 @@ EXPECTED = {
     "scripts/make_demo_data.py",
     "scripts/consolidate.py",
     "scripts/compare_runs.py",
+    "scripts/_bootstrap.py",
     "PKG/__init__.py",
     "PKG/tools/__init__.py",
     "PKG/tools/cli.py",
@@ -144,6 +145,7 @@ EXPECTED = {
     "tests/pairwise.py",
     "tests/test_combinations.py",
     "tests/test_end_to_end.py",
+    "tests/test_first_hour.py",
     "tests/test_trackers.py",
     "tests/test_locks.py",
 }
@@ -267,6 +269,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "data/train.pt",
         "data/val.pt",
         "checkpoints/runs.csv",
+        "checkpoints/compare.png",  # written by scripts/compare_runs.py checkpoints/*
         "my_pytorch_project/data/my_data.py",  # the README's examples of new files
         "my_pytorch_project/models/my_net.py",
         "data/demo/text.txt",  # written by scripts/make_demo_data.py text

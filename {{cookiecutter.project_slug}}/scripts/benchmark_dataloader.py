@@ -25,7 +25,12 @@ import time
 
 import torch
 
-from {{ cookiecutter.package_name }} import config, data, errors, trainer
+try:
+    from {{ cookiecutter.package_name }} import config, data, errors, trainer
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 WITHIN = 0.10  # suggest the fewest workers whose rate is within 10% of the best
 

@@ -29,8 +29,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from {{ cookiecutter.package_name }} import config, data, errors, models, optim, trainer
-from {{ cookiecutter.package_name }}.utils import device as devices
+try:
+    from {{ cookiecutter.package_name }} import config, data, errors, models, optim, trainer
+    from {{ cookiecutter.package_name }}.utils import device as devices
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s with fp32 accumulation, from the vendor's
 # data sheets. Matched in order against torch.cuda.get_device_name(): specific names first.

@@ -6,7 +6,12 @@ python scripts/compare_runs.py checkpoints/lrs --out lrs.png       # the trials 
 python scripts/compare_runs.py checkpoints/a checkpoints/b --x epoch
 """
 
-from {{ cookiecutter.package_name }}.tools.compare import compare_main
+try:
+    from {{ cookiecutter.package_name }}.tools.compare import compare_main
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
     raise SystemExit(compare_main())

@@ -4,7 +4,12 @@ python scripts/consolidate.py --checkpoint checkpoints/default/best.pt
 python scripts/evaluate.py --checkpoint checkpoints/default/best.full.pt
 """
 
-from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main
+try:
+    from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
     raise SystemExit(consolidate_main())

@@ -13,7 +13,12 @@ the previous files by a rename. ONNX needs pip install -e ".[export]". Exit code
 input, a failed write or a model the format cannot export.
 """
 
-from {{ cookiecutter.package_name }}.tools.export import export_main
+try:
+    from {{ cookiecutter.package_name }}.tools.export import export_main
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
     raise SystemExit(export_main())

@@ -245,7 +245,8 @@ def check_compile(c: Check) -> str:
     c.python(
         "scripts/train.py", *c.overrides("compiled", "train.compile=true", "train.max_steps=8")
     )
-    out = c.python("scripts/evaluate.py", "--checkpoint", str(c.run_dir("compiled") / "last.pt"))
+    last = str(c.run_dir("compiled") / "last.pt")
+    out = c.python("scripts/evaluate.py", "--checkpoint", last, "--json")
     metrics = json.loads(next(line for line in out.splitlines()[::-1] if line.startswith("{")))
     return f"8 compiled steps; evaluate: val loss {metrics['loss']:.3f} acc {metrics['acc']:.3f}"
 

@@ -20,7 +20,12 @@ from pathlib import Path
 
 import torch
 
-from {{ cookiecutter.package_name }}.data.synthetic import Options, SyntheticGratings
+try:
+    from {{ cookiecutter.package_name }}.data.synthetic import Options, SyntheticGratings
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 
 def write_csv(out: Path) -> list[Path]:

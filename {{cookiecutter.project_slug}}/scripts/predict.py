@@ -10,7 +10,12 @@ Writes one CSV row per input (id, predicted class and probability, or values; th
 the input has one), or prints the generated text. Exit codes: 0 done, 2 bad input.
 """
 
-from {{ cookiecutter.package_name }}.tools.predict import predict_main
+try:
+    from {{ cookiecutter.package_name }}.tools.predict import predict_main
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
     raise SystemExit(predict_main())

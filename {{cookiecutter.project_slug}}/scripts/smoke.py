@@ -6,7 +6,12 @@ python scripts/smoke.py run.device=cpu   # any config override applies to every 
 
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.tools.train import smoke_main
+try:
+    from {{ cookiecutter.package_name }}.tools.train import smoke_main
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
     raise SystemExit(smoke_main(Path(__file__).resolve().parents[1]))

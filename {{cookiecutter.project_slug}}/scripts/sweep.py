@@ -15,7 +15,12 @@ continue; a second Ctrl-C stops them without saving).
 
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.tools.sweep import main
+try:
+    from {{ cookiecutter.package_name }}.tools.sweep import main
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
     raise SystemExit(main(Path(__file__).resolve().parents[1]))

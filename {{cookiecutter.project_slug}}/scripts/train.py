@@ -13,8 +13,13 @@ Exit codes: 0 done, 2 bad input (one line says what to fix), 75 preempted or a f
 (saved; rerun to resume), 130 a second Ctrl-C (the last checkpoint saved stays).
 """
 
-from {{ cookiecutter.package_name }}.tools.train import train_main
-from {{ cookiecutter.package_name }}.utils.signals import hold_for_process
+try:
+    from {{ cookiecutter.package_name }}.tools.train import train_main
+    from {{ cookiecutter.package_name }}.utils.signals import hold_for_process
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
     # Before torch is imported, and until the process ends: a SIGTERM during start-up, or a

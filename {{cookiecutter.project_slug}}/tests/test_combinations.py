@@ -253,7 +253,7 @@ def evaluated(checkpoint: Path, sharded: bool) -> dict:
     if sharded:  # what the summary's consolidate command does for the best checkpoint
         tool("scripts/consolidate.py", ["--checkpoint", str(checkpoint)])
         checkpoint = checkpoint.with_name(f"{checkpoint.stem}.full.pt")
-    text = tool("scripts/evaluate.py", ["--checkpoint", str(checkpoint)])
+    text = tool("scripts/evaluate.py", ["--checkpoint", str(checkpoint), "--json"])
     return json.loads(text.strip().splitlines()[-1])
 
 

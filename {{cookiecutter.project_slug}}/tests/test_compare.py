@@ -96,14 +96,14 @@ def test_what_is_not_a_run_gets_one_line_and_exit_2(tmp_path, capsys, arg, messa
 
 
 @pytest.mark.slow
-def test_script_writes_compare_png_in_the_working_folder(three_runs, tmp_path):
+def test_script_writes_compare_png_beside_the_runs(three_runs, tmp_path):
     runs = [str(three_runs / "base"), str(three_runs / "fast")]
     script = str(ROOT / "scripts" / "compare_runs.py")
     proc = run_script(script, *runs, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert "| base |" in proc.stdout and "| wide |" not in proc.stdout
     pytest.importorskip("matplotlib", reason="plots are optional: pip install -e '.[plots]'")
-    assert (tmp_path / "compare.png").read_bytes()[:8] == PNG_MAGIC
+    assert (three_runs / "compare.png").read_bytes()[:8] == PNG_MAGIC  # not in the cwd
 
 
 def test_without_matplotlib_the_table_still_prints(three_runs, tmp_path, monkeypatch, capsys):

@@ -63,6 +63,7 @@ def test_a_csv_classification_runs_from_the_command_line_alone(demo_data, tmp_pa
             str(ROOT / "scripts/evaluate.py"),
             "--checkpoint",
             str(tmp_path / "default/best.pt"),
+            "--json",
             cwd=demo_data,
         ).stdout.splitlines()[-1]
     )
@@ -152,7 +153,8 @@ def test_the_csv_regression_example_reaches_its_bar_and_evaluates_the_same(demo_
     done = run_script(str(ROOT / "scripts/train.py"), *args, cwd=demo_data, timeout=600)
     assert done.returncode == 0, done.stderr
     best = tmp_path / "csv_regression" / "best.pt"
-    out = run_script(str(ROOT / "scripts/evaluate.py"), "--checkpoint", str(best), cwd=demo_data)
+    evaluate = str(ROOT / "scripts/evaluate.py")
+    out = run_script(evaluate, "--checkpoint", str(best), "--json", cwd=demo_data)
     metrics = json.loads(out.stdout.splitlines()[-1])
     assert metrics["r2"] > 0.95, metrics
     assert metrics["rmse"] == pytest.approx(checkpoint.load(best)["progress"]["best"], rel=1e-5)

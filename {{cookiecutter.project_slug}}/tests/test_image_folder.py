@@ -199,6 +199,7 @@ def test_image_folder_example_learns_and_evaluate_agrees(demo_data, tmp_path):
     proc = run_script(
         "scripts/evaluate.py",
         *("--checkpoint", str(best), f"data.root={demo_data / 'data' / 'demo' / 'images'}"),
+        "--json",
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["acc"] == result["best"]

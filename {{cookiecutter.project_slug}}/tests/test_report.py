@@ -54,7 +54,7 @@ def test_evaluate_writes_the_report_beside_the_checkpoint(tiny, tmp_path):
     pytest.importorskip("matplotlib")
     fit(load_config(None, tiny))
     best = Path(load_config(None, tiny).run.output_dir) / "default" / "best.pt"
-    proc = run_script("scripts/evaluate.py", "--checkpoint", str(best))
+    proc = run_script("scripts/evaluate.py", "--checkpoint", str(best), "--json")
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     folder = best.with_name("best_report")

@@ -269,7 +269,7 @@ def test_a_bare_state_dict_serves_evaluation_and_fine_tuning(tmp_path, tiny):
     bare = tmp_path / "weights.pt"
     torch.save(checkpoint.load(run_dir(tiny) / "best.pt")["model"], bare)
     model_args = [a for a in tiny if a.startswith(("data.", "model.", "run.device"))]
-    proc = run_script("scripts/evaluate.py", "--checkpoint", str(bare), *model_args)
+    proc = run_script("scripts/evaluate.py", "--checkpoint", str(bare), "--json", *model_args)
     assert proc.returncode == 0, proc.stderr
     assert '"count": 96' in proc.stdout
     tuned = fit(

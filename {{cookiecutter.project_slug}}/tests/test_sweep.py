@@ -157,7 +157,7 @@ def test_grid_sweep_ranks_its_trials_and_writes_the_best_config(sequential):
         float(rows[0]["train.lr"]),
         int(rows[0]["model.depth"]),
     )
-    assert best.run.name == "default" and not best.train.resume
+    assert best.run.name == "g-best" and not best.train.resume
     manifest = json.loads((folder / "sweep.json").read_text())
     assert {t["state"] for t in manifest["trials"]} == {"done"}
     pytest.importorskip("matplotlib", reason="plots are optional: pip install matplotlib")

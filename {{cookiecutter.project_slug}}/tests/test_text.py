@@ -146,6 +146,7 @@ def test_char_lm_example_learns_and_evaluate_reproduces_its_best(demo_data, tmp_
         str(ROOT / "scripts" / "evaluate.py"),
         "--checkpoint",
         str(tmp_path / "char_lm" / "best.pt"),
+        "--json",
         "run.device=cpu",
         cwd=demo_data,  # the checkpoint's config names data/demo/text.txt, relative
         env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},

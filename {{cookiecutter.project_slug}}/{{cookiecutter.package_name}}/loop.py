@@ -116,8 +116,13 @@ def validate_and_save(
     if stats["finished"]:
         progress.epoch, progress.epoch_samples = progress.epoch + 1, 0
     # A part of an epoch is no epoch for early stopping; a resume continues that epoch.
+    tie_metric, tie_mode = cfg.tie_break()  # equal best values: the lower loss wins
     is_best = progress.improves(
-        metrics[best_metric], best_mode, cfg.train.early_stop_min_delta, stats["finished"]
+        metrics[best_metric],
+        best_mode,
+        cfg.train.early_stop_min_delta,
+        stats["finished"],
+        tie=(metrics[tie_metric], tie_mode),
     )
     progress.train_seconds += train_time
     progress.samples += stats["samples"]

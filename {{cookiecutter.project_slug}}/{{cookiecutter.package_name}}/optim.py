@@ -36,11 +36,28 @@ def planned_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
     return min(total, cfg.max_steps) if cfg.max_steps > 0 else total
 
 
+def warmup_count(cfg: TrainConfig, total_steps: int) -> int:
+    """train.warmup_steps in steps: a count as given, a fraction (below 1) of `total_steps`."""
+    value = cfg.warmup_steps
+    return round(value * total_steps) if value < 1 else int(value)
+
+
+def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
+    """A warning line when a warm-up count outlasts the run: the lr would climb all run."""
+    if not warmup_count(cfg, total_steps) >= total_steps > 0:
+        return None
+    return (
+        f"warning: train.warmup_steps={cfg.warmup_steps:g} is longer than the {total_steps} "
+        "steps this run plans: the lr climbs all run; set train.warmup_steps to fewer steps, "
+        "or to a fraction (0.05 = the first 5%)"
+    )
+
+
 def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
     """Linear warm-up, then cosine decay to lr * min_lr_ratio at `total_steps`: a LambdaLR of
     the step, rather than chained LinearLR/CosineAnnealingLR (whose cosine climbs again past
     T_max when a run is extended)."""
-    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+    warmup = min(warmup_count(cfg, total_steps), max(total_steps - 1, 0))
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, WarmupCosine(warmup, total_steps, cfg.min_lr_ratio)
     )
@@ -73,14 +90,18 @@ class WarmupCosine:
         self.total, self.floor = total, floor
 
 
-def continue_schedule(optimizer, scheduler, cfg: TrainConfig, lr: float, total_steps: int):
+def continue_schedule(
+    optimizer, scheduler, cfg: TrainConfig, lr: float, total_steps: int
+) -> str | None:
     """After loading a checkpoint: apply the current settings from the resumed step on.
+    Returns a note when a run whose schedule had ended is extended (its lr stays at the floor).
 
     load_state_dict brings back the old peak lr (base_lrs), weight decay and plan; without
     this, a changed train.lr or train.epochs would be recorded but not used, and the first
     step would run at the old plan's lr."""
     plan = scheduler.lr_lambdas[0]  # the WarmupCosine of build_scheduler, with its saved fields
     step = scheduler.last_epoch
+    ended = plan.total if plan.total <= step < total_steps else None  # extended past its end
     if (plan.total, plan.floor) != (total_steps, cfg.min_lr_ratio):
         plan.replan(step, total_steps, cfg.min_lr_ratio)
     scheduler.base_lrs = [lr] * len(optimizer.param_groups)
@@ -89,3 +110,11 @@ def continue_schedule(optimizer, scheduler, cfg: TrainConfig, lr: float, total_s
         group["lr"] = lr * plan(step)
     optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay  # the decayed group, see above
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    if ended is None:
+        return None
+    return (
+        f"note: the lr schedule of this run ended at step {ended}; its {total_steps - step} more "
+        f"steps train at the floor lr {scheduler._last_lr[0]:.2e} (train.lr x "
+        "train.min_lr_ratio), no new warm-up or decay; for those, start a new run from its "
+        "weights with train.init_from=<its checkpoint>"
+    )

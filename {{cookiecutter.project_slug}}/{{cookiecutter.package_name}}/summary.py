@@ -19,6 +19,19 @@ REASONS = {
 }
 
 
+def run_row(cfg: Config, progress: Progress) -> dict:
+    """The run's line in checkpoints/runs.csv."""
+    return {
+        "run": cfg.run.name,
+        "task": cfg.task.name,
+        "model": cfg.model.name,
+        "epochs": progress.epoch,
+        "steps": progress.step,
+        f"best_val_{cfg.best()[0]}": progress.best,
+        **{f"val_{k}": v for k, v in progress.metrics.items()},
+    }
+
+
 def summary(
     cfg: Config, progress: Progress, reason: str, meta: dict, seconds: float | None = None
 ) -> str:

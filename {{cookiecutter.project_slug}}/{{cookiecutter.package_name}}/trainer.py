@@ -33,11 +33,12 @@ from .optim import (
     continue_schedule,
     planned_steps,
     scaled_lr,
+    warmup_warning,
 )
-from .summary import summary
+from .summary import run_row, summary
 from .tasks import TASKS, build_task
-from .utils.device import check_amp, configure_backends, configure_threads
-from .utils.logger import MetricLogger, record_run
+from .utils.device import busy_note, check_amp, configure_backends, configure_threads
+from .utils.logger import MetricLogger, human_count, record_run
 from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
 from .utils.trackers import check_installed
@@ -95,6 +96,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote)
         metrics, stopped = run_epochs(loop, ckpts)
         if dist.is_main:
+            log.close()  # draws the last curves.png, which the summary lists
             summarise(cfg, progress, stopped, data.meta, time.perf_counter() - started)
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
@@ -212,7 +214,11 @@ def restore(cfg, dist, ckpts: CheckpointManager, state, data: Data, trainee: Tra
     schedule continued; settings changed since are listed (some are refused)."""
     changed = ckpts.restore(state, trainee, progress, data)
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)
-    continue_schedule(trainee.optimizer, trainee.scheduler, cfg.train, trainee.lr, total_steps)
+    note = continue_schedule(
+        trainee.optimizer, trainee.scheduler, cfg.train, trainee.lr, total_steps
+    )
+    if dist.is_main and note:
+        print(note)
     if dist.is_main and changed:
         print(f"settings changed since step {progress.step}: {', '.join(changed)}")
 
@@ -237,14 +243,20 @@ def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Train
 
 
 def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resumed_at):
-    """The run's one line: model size, devices, threads, precision, batch, lr, steps."""
+    """The run's one line: model size, devices, threads, precision, batch, lr, steps and the
+    schedule's plan; a warning when train.warmup_steps outlasts the run."""
     params = sum(p.numel() for p in trainee.model.parameters())
+    plan = trainee.scheduler.lr_lambdas[0]  # optim.WarmupCosine: a resumed run's own plan too
     print(
-        f"run {cfg.run.name}: {cfg.model.name} {params / 1e6:.2f}M params | {device} x "
-        f"{dist.world_size} | CPU threads {threads} | amp {cfg.train.amp} | effective batch "
-        f"{data.effective_batch} | lr {trainee.lr:.2e} | {data.steps_per_epoch} steps/epoch"
+        f"run {cfg.run.name}: {cfg.model.name} {human_count(params)} params | {device} x "
+        f"{dist.world_size} | CPU threads {threads}{busy_note(threads)} | amp {cfg.train.amp} | "
+        f"effective batch {data.effective_batch} | lr {trainee.lr:.2e} | "
+        f"{data.steps_per_epoch} steps/epoch | warm-up {plan.warmup} of {plan.total} steps"
         + (f" | resumed at step {resumed_at}" if resumed_at is not None else "")
     )
+    warning = warmup_warning(cfg.train, plan.total)
+    if resumed_at is None and warning:
+        print(warning)
     if parallel.is_sharded(trainee.model):
         print(parallel.memory_report(trainee.model))
 
@@ -268,18 +280,7 @@ def summarise(
         last = Path(cfg.run.output_dir) / cfg.run.name / "last.pt"
         print(f"stopped ({stopped}) at step {progress.step}; saved {last}")
         return
-    record_run(
-        Path(cfg.run.output_dir),
-        {
-            "run": cfg.run.name,
-            "task": cfg.task.name,
-            "model": cfg.model.name,
-            "epochs": progress.epoch,
-            "steps": progress.step,
-            f"best_val_{cfg.best()[0]}": progress.best,
-            **{f"val_{k}": v for k, v in progress.metrics.items()},
-        },
-    )
+    record_run(Path(cfg.run.output_dir), run_row(cfg, progress))
     print(summary(cfg, progress, stopped or "finished", meta, seconds))
 
 

@@ -31,24 +31,35 @@ class Progress:
     # Fields added later keep their defaults when an older checkpoint is restored.
     best_epoch: int | None = None  # the epoch (1-based) whose validation gave `best`
     bad_epochs: int = 0  # epochs since `best` last improved by more than early_stop_min_delta
+    best_tie: float | None = None  # the tie-break metric (Config.tie_break) at `best`
     train_seconds: float = 0.0  # time in completed training epochs (no validation), all sessions
     samples: int = 0  # samples trained on in those epochs: with train_seconds, the throughput
     metrics: dict = field(default_factory=dict)  # the last validation metrics
 
     def improves(
-        self, value: float, mode: str, min_delta: float = 0.0, epoch_end: bool = True
+        self,
+        value: float,
+        mode: str,
+        min_delta: float = 0.0,
+        epoch_end: bool = True,
+        tie: tuple[float, str] | None = None,
     ) -> bool:
         """Record the validation `value` of the epoch just finished (self.epoch of them): the
         best if it is (True then), and whether it improved on the best by more than
         `min_delta`, which early stopping counts in bad_epochs. Not `epoch_end`: a validation
-        inside epoch self.epoch + 1 (train.max_steps), which early stopping does not count."""
+        inside epoch self.epoch + 1 (train.max_steps), which early stopping does not count.
+        `tie`: (value, mode) of the metric that decides between equal values (small
+        validation sets tie often): the later model wins only if it is better there."""
         sign = 1.0 if mode == "max" else -1.0
         if epoch_end:
             significant = self.best is None or sign * (value - self.best) > min_delta
             self.bad_epochs = 0 if significant else self.bad_epochs + 1
         better = self.best is None or sign * (value - self.best) > 0
+        if value == self.best and tie is not None and self.best_tie is not None:
+            better = (1.0 if tie[1] == "max" else -1.0) * (tie[0] - self.best_tie) > 0
         if better:
             self.best, self.best_epoch = value, self.epoch + (0 if epoch_end else 1)
+            self.best_tie = tie[0] if tie is not None else None
         return better
 
 

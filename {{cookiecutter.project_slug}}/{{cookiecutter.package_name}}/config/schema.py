@@ -61,7 +61,9 @@ class TrainConfig:
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # rescale lr for the effective batch
     ref_batch_size: int = 64  # the effective batch that `lr` was tuned for
     weight_decay: float = 0.05
-    warmup_steps: int = 50  # linear warm-up in optimizer steps, then cosine decay
+    # Linear warm-up, then cosine decay: a step count (20), or below 1 a fraction of the
+    # planned steps (0.05 = the first 5%), which fits runs of any length.
+    warmup_steps: int | float = 0.05
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (norm still logged)
@@ -105,6 +107,14 @@ class Config:
         return metric, directions[
             metric
         ] if self.train.best_mode == "auto" else self.train.best_mode
+
+    def tie_break(self) -> tuple[str, str]:
+        """The metric that decides between equal values of best(): the loss (lower is better),
+        or when best() is the loss, the task's first other metric."""
+        directions = components("task")[self.task.name].metrics
+        best = self.best()[0]
+        metric = "loss" if best != "loss" else next(m for m in directions if m != "loss")
+        return metric, directions[metric]
 
 
 SECTIONS = {

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -143,6 +144,12 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}{tip}")
     if typing.get_origin(hint) is list:
         return coerce_list(value, typing.get_args(hint)[0], key)
+    if isinstance(hint, types.UnionType):  # int | float: the first type that takes the value
+        for arm in typing.get_args(hint):
+            with contextlib.suppress(ConfigError):
+                return coerce(value, arm, key)
+        names = " or ".join(arm.__name__ for arm in typing.get_args(hint))
+        raise ConfigError(f"{key} expects {names}, got {short(repr(value))}")
     ok = False
     if hint is bool:
         ok = isinstance(value, bool)

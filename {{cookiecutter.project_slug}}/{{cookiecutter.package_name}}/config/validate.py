@@ -17,7 +17,7 @@ def validate(cfg: Config) -> None:
         ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "a finite number > 0"),
         ("train.ref_batch_size", cfg.train.ref_batch_size >= 1, ">= 1"),
         ("train.weight_decay", cfg.train.weight_decay >= 0, ">= 0"),
-        ("train.warmup_steps", cfg.train.warmup_steps >= 0, ">= 0"),
+        ("train.warmup_steps", _is_warmup(cfg.train.warmup_steps), WARMUP_RULE),
         ("train.min_lr_ratio", 0 <= cfg.train.min_lr_ratio <= 1, "between 0 and 1"),
         ("train.grad_accum_steps", cfg.train.grad_accum_steps >= 1, ">= 1"),
         ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
@@ -57,6 +57,14 @@ def validate(cfg: Config) -> None:
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+WARMUP_RULE = "a step count (a whole number >= 0) or a fraction of the planned steps below 1"
+
+
+def _is_warmup(value: float) -> bool:
+    """A whole number of steps, or a fraction in [0, 1) (nan and inf fail every test)."""
+    return math.isfinite(value) and value >= 0 and (value < 1 or value == int(value))
 
 
 def _check_best(cfg: Config) -> None:

@@ -42,7 +42,9 @@ LAYOUT = "root/<class>/*.png, or root/train/<class>/ and root/val/<class>/"
 class Options:
     root: str = "data/images"  # class folders, or train/ and val/ folders of class folders
     image_size: int = 32  # every image is resized to image_size x image_size
-    augment: bool = True  # random shifts (and flips, below) of the training images
+    # Random shifts (and flips, below) of the training images. They cost loader throughput
+    # (README: Your data): data.augment=false when the loader is what limits training.
+    augment: bool = True
     hflip: bool = True  # augment with mirror images too; off when left/right matters (text)
     # 0.5 maps [0, 1] to [-1, 1]: the models here train from scratch, so centring is enough;
     # use ImageNet's 0.485,0.456,0.406 / 0.229,0.224,0.225 for a network pretrained on it.

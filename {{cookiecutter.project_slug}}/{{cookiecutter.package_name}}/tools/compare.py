@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import glob
 import math
+import os
 from pathlib import Path
 
 import yaml
@@ -26,9 +27,11 @@ NOT_COMPARED = ("run.name", "train.resume")
 _MISSING = "-"  # a setting one run's config lacks (an older version of the project)
 
 
-def compare(args: list[str], out: Path, x: str = "step") -> int:
-    """Print the table of the runs that `args` name and draw `out`; 0."""
+def compare(args: list[str], out: Path | None, x: str = "step") -> int:
+    """Print the table of the runs that `args` name and draw `out` (None: compare.png in the
+    folder that holds them, as checkpoints/ holds checkpoints/*, never the working folder); 0."""
     runs = find_runs(args)
+    out = out or Path(os.path.commonpath([run.parent for run in runs])) / "compare.png"
     labels = _labels(runs)
     summaries = [summarise(run) for run in runs]
     print(table(labels, summaries))
@@ -205,12 +208,14 @@ def compare_main(argv: list[str] | None = None) -> int:
         help="run folders (checkpoints/<run.name>), folders of runs (a sweep), or a glob: "
         "checkpoints/*",
     )
-    parser.add_argument("--out", default="compare.png", help="the plot (default: compare.png)")
+    parser.add_argument(
+        "--out", help="the plot (default: compare.png in the folder holding the runs)"
+    )
     parser.add_argument("--x", choices=("step", "epoch"), default="step", help="x axis")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     args = parser.parse_args(argv)
 
     def run() -> int:
-        return compare(args.runs, Path(args.out), args.x)
+        return compare(args.runs, Path(args.out) if args.out else None, args.x)
 
     return guard(run, args.debug)

@@ -20,23 +20,28 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report", help="folder for the report (default: <checkpoint stem>_report beside it)"
     )
+    parser.add_argument(
+        "--json", action="store_true", help="print the metrics as one JSON line (for scripts)"
+    )
     args = parser.parse_args(argv)
 
     def run() -> int:
         stem = Path(args.checkpoint)
         report = args.report or str(stem.with_name(f"{stem.stem}_report"))
         metrics = evaluate_checkpoint(args.checkpoint, args.overrides, report)
-        if metrics is not None:  # only rank 0 reports under torchrun
-            print(
-                " | ".join(
-                    f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in metrics.items()
-                )
-            )
+        if metrics is None:  # only rank 0 reports under torchrun
+            return 0
+        if args.json:  # the same metrics, once, for a program to read (report.json too)
             print(json.dumps(metrics))
+        else:
+            print(" | ".join(f"{k} {_value(v)}" for k, v in metrics.items()))
         return 0
 
     return guard(run, args.debug)
+
+
+def _value(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
 def evaluate_checkpoint(

@@ -107,6 +107,7 @@ def _write_best(sweep_dir: Path, best: dict) -> None:
     for section, names in NOT_IN_BEST.items():
         for name in names:
             config.get(section, {}).pop(name, None)
+    config.setdefault("run", {})["name"] = f"{sweep_dir.name}-best"  # not into runs named default
     tmp = sweep_dir / ".best.yaml.tmp"
     header = (
         f"# Best config of sweep {sweep_dir.name}: {best['group']} ({_pm(best)}).\n"

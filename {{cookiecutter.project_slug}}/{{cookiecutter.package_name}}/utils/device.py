@@ -123,6 +123,16 @@ def configure_threads(requested: int, local_world_size: int | None = None) -> in
     return requested
 
 
+def busy_note(threads: int) -> str:
+    """A note for the run line when the machine is busy (1-minute load above its CPUs) and this
+    process uses several threads: then one thread each was several times faster."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cpus = os.cpu_count() or 1
+    if threads <= 1 or load <= cpus:
+        return ""
+    return f" (machine busy: load {load:.1f} on {cpus} CPUs; run.threads=1 is faster then)"
+
+
 def to_device(batch, device: torch.device):
     """Move a tensor or a (nested) tuple/list/dict of tensors; async from pinned memory on CUDA."""
     if isinstance(batch, torch.Tensor):

@@ -166,6 +166,14 @@ def record_run(output_dir: Path, row: dict) -> None:
         os.close(folder)  # releases the lock
 
 
+def human_count(n: int) -> str:
+    """A count as people read it: 1603 -> 1.6k, 2_300_000 -> 2.3M, 1_200_000_000 -> 1.2B."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= 1000 and round(n / scale, 1) >= 1:  # 999,950 is 1.0M, not 1000.0k
+            return f"{n / scale:.1f}{suffix}"
+    return str(n)
+
+
 def _append_csv(path: Path, row: dict) -> None:
     """Append a row; the header is written with the first one. A write that fails (a full
     disk, a file-size limit) is cut off again, so the file never ends in half a row. A row

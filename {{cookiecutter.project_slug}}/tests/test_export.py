@@ -20,7 +20,7 @@ from torch import nn
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools import export
+from {{ cookiecutter.package_name }}.tools import export, formats
 from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.tools.inference import load_trained, validation_inputs
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
@@ -255,7 +255,7 @@ def test_an_onnx_file_alone_loads_elsewhere(best, tmp_path, capsys):
 def test_an_onnx_model_too_large_to_embed_names_both_files(best, tmp_path, monkeypatch, capsys):
     if not all(importlib.util.find_spec(m) for m in ONNX):
         pytest.skip("needs the [export] extra: onnx, onnxscript, onnxruntime")
-    monkeypatch.setattr(export, "EMBED_LIMIT", 0)  # as if the weights were over 2 GB
+    monkeypatch.setattr(formats, "EMBED_LIMIT", 0)  # as if the weights were over 2 GB
     out = tmp_path / "model.onnx"
     assert run_export(best, "onnx", out) == 0
     assert (

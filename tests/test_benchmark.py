@@ -1,6 +1,6 @@
 """The training-loop benchmark (benchmarks/bench_training.py): its arithmetic and noise
-handling on fake data, and the real thing in its --quick form (bakes, runs each loop in a
-process, ~12 s). Performance targets are never asserted here: they are measured, and the
+handling on fake data, and (slow) the real thing in its --quick form (bakes, runs each loop
+in a process). Performance targets are never asserted here: they are measured, and the
 numbers go in benchmarks/README.md."""
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def test_report_shows_every_loop_every_ratio_and_the_verdicts():
     assert '`python -c "import torch"` (reference)' in text
 
 
+@pytest.mark.slow  # ~12-25 s: a bake, two reference imports, three training processes
 def test_quick_benchmark_bakes_runs_every_loop_and_reports_every_number(tmp_path):
-    # ~12 s on the CI machine (bake, two reference imports, three short training processes).
     out = tmp_path / "results.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],

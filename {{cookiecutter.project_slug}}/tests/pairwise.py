@@ -33,9 +33,11 @@ AXES: dict[str, list] = {
 
 IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn")
 
-# What a value costs a case on CPU, for the generator's ties: two ranks start two processes
-# per launch, and compiling costs more than everything else in a case, most of all on two
-# ranks at once. Cheaper values are chosen wherever they cover as many new pairs.
+# What a value costs a case on CPU, in pairs it must cover to be worth it: two ranks start
+# two processes per launch, and compiling costs more than everything else in a case, most of
+# all on two ranks at once (each compiles). The generator takes a costly value only where it
+# covers that many more new pairs than a cheap one: compile then lands on two ranks in just
+# the cases its two pairs with ddp-2 and fsdp-2 need, and on one rank elsewhere.
 COST = {("ranks", "ddp-2"): 2, ("ranks", "fsdp-2"): 2, ("compile", True): 3, ("export", "onnx"): 1}
 
 
@@ -108,7 +110,8 @@ def covering_cases(axes: dict = AXES, device: str = "cpu") -> list[dict]:
                 if refusal(trial, device) is not None:
                     continue
                 gain = len(_pairs(trial) & uncovered) - len(_pairs(case) & uncovered)
-                key = (gain, -_cost(trial), -uses[(axis, repr(value))])
+                cost = _cost(trial)
+                key = (gain - cost, -cost, -uses[(axis, repr(value))])
                 if score is None or key > score:
                     best, score = value, key
             case[axis] = best

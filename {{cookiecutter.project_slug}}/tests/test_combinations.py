@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT
 from pairwise import AXES, REFUSED, case_id, covering_cases, refusal
 from test_distributed import STANDALONE, child_env
 
@@ -135,11 +136,11 @@ def _own_compile_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    """The demo data, cut down: 400 table rows, 6,000 characters of text, the 480 images."""
-    root = tmp_path_factory.mktemp("combination-data")
-    proc = run_script("scripts/make_demo_data.py", "--out", str(root))
-    assert proc.returncode == 0, proc.stderr
+def data(demo_root, tmp_path_factory) -> Path:
+    """The demo data, cut down: 400 table rows, 6,000 characters of text, the 480 images (a
+    copy of the session's demo data: the fast tests have made it already)."""
+    root = tmp_path_factory.mktemp("combination-data") / "demo"
+    shutil.copytree(demo_root / "data" / "demo", root)
     for name in ("classes.csv", "regression.csv"):
         lines = (root / name).read_text().splitlines(keepends=True)
         (root / name).write_text("".join(lines[:401]))

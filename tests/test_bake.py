@@ -77,6 +77,7 @@ EXPECTED = {
     "PKG/tools/sweep.py",
     "PKG/tools/sweep_plan.py",
     "PKG/tools/sweep_report.py",
+    "PKG/tools/sweep_manifest.py",
     "PKG/tools/compare.py",
     "PKG/utils/signals.py",
     "PKG/utils/locks.py",

@@ -19,33 +19,55 @@ import time
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import ConfigError, UserError
-from ..utils import locks, signals
-from . import sweep_report
+from ..errors import ConfigError
+from ..utils import signals
+from . import sweep_manifest, sweep_report
+from .cli import guard
 from .sweep_plan import plan, slots_for, submit_array
 
 EXIT_PREEMPTED = 75
-# What going without the manifest lock risks (a filesystem without locks).
-UNLOCKED_MANIFEST = "two sweep processes (SLURM array tasks) could overwrite each other's records"
 
 
 def main(root: Path, argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
+
+    def run() -> int:
+        if args.report:  # what the sweep's folder records, however it was started
+            folder = sweep_folder(args, [o for o in args.overrides if _is_output_dir(o)])
+            return sweep_report.report(folder, _recorded_trials(folder, args.name))
         sweep = Sweep.create(root, args)
         if args.dry_run:
             print(json.dumps(sweep.trials, indent=1))
             return 0
-        if args.report:
-            return sweep_report.report(sweep.dir, sweep.trials)
         if args.slurm:
             return submit_array(sweep, args)
-        return sweep.run(args)
-    except UserError as exc:
-        if args.debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        try:
+            return sweep.run(args)
+        finally:
+            sweep.release()
+
+    return guard(run, args.debug)
+
+
+def sweep_folder(args, fixed: list[str]) -> Path:
+    """<run.output_dir>/<--name>/, after checking that --name is a folder name."""
+    if not args.name or not all(c.isalnum() or c in "-_." for c in args.name):
+        raise ConfigError(f"--name must be a folder name (letters, digits, - _ .): {args.name!r}")
+    return Path(load_config(args.config, fixed).run.output_dir) / args.name
+
+
+def _is_output_dir(override: str) -> bool:
+    return override.partition("=")[0].strip() == "run.output_dir"
+
+
+def _recorded_trials(folder: Path, name: str) -> list[dict]:
+    manifest = sweep_manifest.read(folder / "sweep.json")
+    if manifest is None:
+        raise ConfigError(
+            f"no sweep {name!r} in {folder.parent} (no sweep.json); check --name, and give "
+            "the sweep's run.output_dir=... or --config"
+        )
+    return manifest["trials"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,19 +106,18 @@ class Sweep:
         self.root, self.dir, self.config, self.fixed = root, folder, config, fixed
         self.trials = trials
         self.signals: list[int] = []  # the stop signals received, in order
+        self.slots: list[dict] = [{}]  # where trials run: set from --parallel and --gpus
+        self._held: int | None = None  # the sweep lock's descriptor while this process runs it
         self._sent: dict[int, set] = {}  # pid -> the signals passed on to that trial
         self._started: list[str] = []  # the trials this process started
 
     @classmethod
     def create(cls, root: Path, args) -> Sweep:
-        if not args.name or not all(c.isalnum() or c in "-_." for c in args.name):
-            raise ConfigError(
-                f"--name must be a folder name (letters, digits, - _ .): {args.name!r}"
-            )
+        sweep_folder(args, [])  # the name first: nothing else means much with a bad one
         fixed, trials = plan(args)
         if not trials:
             raise ConfigError("nothing to sweep: give a grid (key=a,b) or --trials N with ranges")
-        folder = Path(load_config(args.config, fixed).run.output_dir) / args.name
+        folder = sweep_folder(args, fixed)
         # Absolute: trials, SLURM tasks (which cd to the project) and reruns find the same file.
         config = str(Path(args.config).resolve()) if args.config else None
         sweep = cls(root, folder, config, fixed, trials)
@@ -105,7 +126,12 @@ class Sweep:
                 load_config(config, sweep.overrides(trial))
             except ConfigError as exc:
                 raise ConfigError(f"trial {trial['id']}: {exc}") from None
+        sweep.slots = slots_for(args.parallel, args.gpus)
+        if args.run_index is not None and not 0 <= args.run_index < len(trials):
+            raise ConfigError(f"--run-index {args.run_index} is not in 0..{len(trials) - 1}")
         if not args.dry_run:  # a dry run writes nothing
+            if not args.slurm:  # held until this process ends: a second sweep is refused
+                sweep._held = sweep_manifest.hold_sweep(folder, args.run_index is not None)
             sweep._merge_manifest()
         return sweep
 
@@ -126,7 +152,7 @@ class Sweep:
 
     def _merge_manifest(self) -> None:
         """Keep the recorded state of an existing sweep of the same trials."""
-        with self._locked() as saved:
+        with sweep_manifest.locked(self.dir) as saved:
             if saved is None:
                 self._write({"config": self.config, "fixed": self.fixed, "trials": self.trials})
                 return
@@ -142,27 +168,17 @@ class Sweep:
                 )
             self.trials = saved["trials"]
 
-    @contextlib.contextmanager
-    def _locked(self):
-        """The manifest under an exclusive lock (None while there is none)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        lock = self.dir / ".sweep.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            locks.lock(fd, lock, UNLOCKED_MANIFEST)  # serialises SLURM array tasks' updates
-            path = self.dir / "sweep.json"
-            yield json.loads(path.read_text()) if path.exists() else None
-        finally:
-            os.close(fd)
+    def release(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
 
     def _write(self, manifest: dict) -> None:
-        tmp = self.dir / f".sweep.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, self.dir / "sweep.json")
+        sweep_manifest.write(self.dir / "sweep.json", manifest)
 
     def update(self, trial: dict, **fields) -> None:
         trial.update(fields)
-        with self._locked() as saved:
+        with sweep_manifest.locked(self.dir) as saved:
             for i, old in enumerate(saved["trials"]):
                 if old["id"] == trial["id"]:
                     saved["trials"][i] = trial
@@ -171,12 +187,8 @@ class Sweep:
     def run(self, args) -> int:
         todo = [t for t in self.trials if t["state"] != "done"]
         if args.run_index is not None:
-            if not 0 <= args.run_index < len(self.trials):
-                raise ConfigError(
-                    f"--run-index {args.run_index} is not in 0..{len(self.trials) - 1}"
-                )
             todo = [t for t in [self.trials[args.run_index]] if t["state"] != "done"]
-        slots = slots_for(args.parallel, args.gpus)
+        slots = self.slots
         print(
             f"sweep {self.dir}: {len(self.trials)} trials, {len(todo)} to run, "
             f"{len(slots)} at a time"

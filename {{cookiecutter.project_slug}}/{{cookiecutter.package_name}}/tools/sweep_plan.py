@@ -26,12 +26,20 @@ def plan(args) -> tuple[list[str], list[dict]]:
         key, sep, value = item.partition("=")
         kind = value.partition(":")[0]
         if sep and (kind in RANGES or ("," in value and value[:1] not in "[{\"'")):
+            _refuse_twice(key.strip(), axes)
             axes[key.strip()] = value
         else:
             fixed.append(item)
     for item in fixed:
         if item.partition("=")[0].strip() in PER_TRIAL:
             raise ConfigError(f"{item!r}: the sweep sets {', '.join(PER_TRIAL)} per trial")
+    # Keys the sweep sets per trial besides the axes: --seeds the seed, --kfold the fold.
+    for item in fixed:
+        _refuse_twice(item.partition("=")[0].strip(), axes)
+    for key in ["run.seed"] * (args.seeds > 1):
+        _refuse_twice(key, axes, "by --seeds")
+    for key in ["data.fold", "data.folds"] * bool(args.kfold):
+        _refuse_twice(key, axes, "by --kfold")
     configs = _random(axes, args.trials, args.seed) if args.trials else _grid(axes)
     reps = [[]]
     if args.seeds > 1:
@@ -63,6 +71,15 @@ def plan(args) -> tuple[list[str], list[dict]]:
                 }
             )
     return fixed, trials
+
+
+def _refuse_twice(key: str, axes: dict[str, str], by: str = "again") -> None:
+    """A swept key set again (another axis, a fixed value, --seeds or --kfold) would silently
+    replace one of the two: refused. Fixed values may repeat (the last wins, as in train.py)."""
+    if key in axes:
+        raise ConfigError(
+            f"{key} is given twice (swept as {key}={axes[key]} and set {by}); keep one"
+        )
 
 
 def _grid(axes: dict[str, str]) -> list[dict]:

@@ -32,6 +32,10 @@ def main(root: Path, argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
 
     def run() -> int:
+        if args.optuna and not args.report:
+            from .sweep_optuna import run_study  # optuna: an optional extra
+
+            return run_study(root, args)
         if args.report:  # what the sweep's folder records, however it was started
             folder = sweep_folder(args, [o for o in args.overrides if _is_output_dir(o)])
             return sweep_report.report(folder, _recorded_trials(folder, args.name))
@@ -84,7 +88,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True, help="sweep folder <run.output_dir>/<name>/")
     p.add_argument("--config", help="YAML config file given to every trial")
     p.add_argument("--trials", type=int, default=0, help="random search: this many configs")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random search")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random search / --optuna")
+    p.add_argument(
+        "--optuna",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Optuna search (TPE, median pruning) to N trials in all: pip install -e '.[sweep]'",
+    )
+    p.add_argument(
+        "--prune-after",
+        type=int,
+        default=3,
+        metavar="K",
+        help="with --optuna: prune once K trials finished (below their median at an epoch)",
+    )
     p.add_argument("--seeds", type=int, default=1, help="run each config with N seeds")
     p.add_argument("--kfold", type=int, default=0, help="run each config on K folds")
     p.add_argument("--parallel", type=int, default=1, help="trials at a time (subprocesses)")

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +83,34 @@ def test_an_optuna_study_prunes_continues_to_n_trials_and_reports(tmp_path):
     assert len(rows) == 5 and rows[0]["train.lr"] == "0.05"
     assert load_config(folder / "best.yaml").train.lr == 0.05
     assert "| rank | trial | train.lr |" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_stopped_optuna_sweep_resumes_its_interrupted_trial(tmp_path):
+    optuna = pytest.importorskip("optuna", reason=f"the sweep extra: {INSTALL}")
+    args = [sys.executable, "scripts/sweep.py", *optuna_args(tmp_path, 2, "data.train_size=1024")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(
+        args, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    folder = tmp_path / "o"
+    deadline = time.monotonic() + 120
+    while not list(folder.glob("t000-*/step-*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGTERM)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 75, out + err
+    [trial] = json.loads((folder / "sweep.json").read_text())["trials"]
+    assert (trial["state"], trial["exit_code"]) == ("pending", 75)
+
+    again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed at step" in (folder / "logs" / f"{trial['id']}.out").read_text()
+    trials = json.loads((folder / "sweep.json").read_text())["trials"]
+    assert [(t["id"], t["state"]) for t in trials][0] == (trial["id"], "done")
+    study = optuna.load_study(study_name="o", storage=f"sqlite:///{folder / 'study.db'}")
+    # The stopped trial failed in the study; its settings were asked again and finished.
+    assert [t.state.name for t in study.trials][:2] == ["FAIL", "COMPLETE"]
+    assert len(study.trials) == 3 and len(trials) == 2  # then one new trial, to 2 in all
+    assert study.trials[1].params == study.trials[0].params and trials[0]["number"] == 1

@@ -3,7 +3,8 @@ run of scripts/train.py, and keep their state in <run.output_dir>/<sweep>/sweep.
 
 Start at main(). Each trial is `train.py ... run.output_dir=<sweep dir> run.name=<trial>
 train.resume=auto`, so running the same sweep again skips done trials and resumes the rest.
-Results (table, results.csv, best.yaml, plots) are sweep_report.py's.
+Results (table, results.csv, best.yaml, plots) are sweep_report.py's; sweep.json, its atomic
+writes and the locks are sweep_manifest.py's; --optuna is sweep_optuna.py's.
 """
 
 from __future__ import annotations

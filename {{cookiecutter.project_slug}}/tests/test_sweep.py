@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT, TINY, run_script
 
 from {{ cookiecutter.package_name }}.config import load_config, save_config
-from {{ cookiecutter.package_name }}.tools import sweep
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.tools import sweep, sweep_manifest
 from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
 from {{ cookiecutter.package_name }}.utils.logger import record_run
 
@@ -443,6 +444,18 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_sweep_json(tmp_path)
     # no sweep.json, no temporary file, no trial started
     left = sorted(p.name for p in (tmp_path / "full").iterdir())
     assert left == [".sweep.lock", ".sweep.run.lock"]
+
+
+def test_slurm_array_tasks_share_the_sweep_lock_that_a_whole_sweep_takes_alone(tmp_path):
+    tasks = [sweep_manifest.hold_sweep(tmp_path, one_trial=True) for _ in range(2)]
+    with pytest.raises(ConfigError, match="is already running in another process"):
+        sweep_manifest.hold_sweep(tmp_path, one_trial=False)
+    for fd in tasks:
+        os.close(fd)
+    whole = sweep_manifest.hold_sweep(tmp_path, one_trial=False)
+    with pytest.raises(ConfigError, match="is already running in another process"):
+        sweep_manifest.hold_sweep(tmp_path, one_trial=True)
+    os.close(whole)
 
 
 @pytest.mark.slow

@@ -84,8 +84,11 @@ EXPECTED = {
     "PKG/tools/serving.py",
     "PKG/optim.py",
     "PKG/tools/sweep.py",
+    "PKG/tools/sweep_cli.py",
     "PKG/tools/sweep_plan.py",
     "PKG/tools/sweep_report.py",
+    "PKG/tools/sweep_manifest.py",
+    "PKG/tools/sweep_optuna.py",
     "PKG/tools/compare.py",
     "PKG/utils/signals.py",
     "PKG/utils/locks.py",
@@ -134,6 +137,7 @@ EXPECTED = {
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
     "tests/test_sweep.py",
+    "tests/test_sweep_optuna.py",
     "tests/test_text.py",
     "tests/test_image_folder.py",
     "tests/test_summary.py",
@@ -296,7 +300,16 @@ def test_answers_are_recorded_for_regeneration(bake):
 
 # requirements-slow.txt: what the baked suite's optional tests import (PIL comes with
 # matplotlib).
-OPTIONAL_PACKAGES = ("matplotlib", "PIL", "wandb", "mlflow", "onnx", "onnxscript", "onnxruntime")
+OPTIONAL_PACKAGES = (
+    "matplotlib",
+    "PIL",
+    "wandb",
+    "mlflow",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "optuna",
+)
 
 
 @pytest.mark.slow

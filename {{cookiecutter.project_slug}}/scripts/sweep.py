@@ -5,7 +5,8 @@ r"""Hyperparameter sweeps: each trial a named run of scripts/train.py, resumable
     python scripts/sweep.py --name lrs --seeds 3 train.lr=1e-3,3e-3            # mean ± std
     python scripts/sweep.py --name lrs --parallel 2 train.lr=1e-3,3e-3        # 2 at a time
     python scripts/sweep.py --name lrs --slurm train.lr=1e-3,3e-3             # a SLURM array
-    python scripts/sweep.py --name lrs --report train.lr=1e-3,3e-3            # the table again
+    python scripts/sweep.py --name tpe --optuna 30 train.lr=log:1e-4:1e-2     # Optuna, pruned
+    python scripts/sweep.py --name lrs --report                               # the table again
 
 Trials run under <run.output_dir>/<name>/; sweep.json holds their state. The same command
 again skips done trials and resumes the others. Exit codes: 0 done, 1 a trial failed, 2 bad
@@ -16,7 +17,7 @@ continue; a second Ctrl-C stops them without saving).
 from pathlib import Path
 
 try:
-    from {{ cookiecutter.package_name }}.tools.sweep import main
+    from {{ cookiecutter.package_name }}.tools.sweep_cli import main
 except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
     import _bootstrap
 

@@ -113,3 +113,22 @@ def test_without_matplotlib_the_table_still_prints(three_runs, tmp_path, monkeyp
     printed = capsys.readouterr().out
     assert len(table_of(printed)) == 2 + 3 and not out.exists()
     assert "no plot without matplotlib; to draw it: pip install -e '.[plots]'" in printed
+
+
+@pytest.mark.parametrize(
+    ("file", "damage", "why"),
+    [
+        ("config.yaml", b"train: [unclosed\n", "not valid YAML"),
+        ("config.yaml", b"\xff\xfe\x00train", "not UTF-8"),
+        ("config.yaml", b"train:\n  lrr: 1\n", "unknown config key"),
+        ("metrics.csv", b"epoch,val/acc\n1,\xff\xfe\n", "not UTF-8"),
+    ],
+)
+def test_an_unreadable_run_is_skipped_with_a_line(three_runs, tmp_path, capsys, file, damage, why):
+    (three_runs / "fast" / file).write_bytes(damage)
+    assert compare_main([str(three_runs), "--out", str(tmp_path / "c.png")]) == 0
+    out, err = capsys.readouterr()
+    assert [row[0] for row in table_of(out)[2:]] == ["base", "wide"]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("skipped ") and why in lines[0], lines
+    assert str(three_runs / "fast" / file) in lines[0]

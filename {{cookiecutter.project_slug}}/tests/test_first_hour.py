@@ -16,7 +16,7 @@ from conftest import ROOT, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint, loop
 from {{ cookiecutter.package_name }}.checkpoint import Progress
-from {{ cookiecutter.package_name }}.config import load_config, save_config
+from {{ cookiecutter.package_name }}.config import load_config, save_config, to_dict
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler, continue_schedule
 from {{ cookiecutter.package_name }}.tools import compare, sweep_report
@@ -163,9 +163,9 @@ def test_best_pt_breaks_a_tie_on_the_loss(tiny, monkeypatch):
 
 def test_best_yaml_names_its_run_after_the_sweep(tmp_path):
     sweep = tmp_path / "lrs"
-    (sweep / "t00").mkdir(parents=True)
-    save_config(load_config(None, ["run.name=t00"]), sweep / "t00" / "config.yaml")
-    best = {"group": "t00", "trials": [{"id": "t00", "state": "done"}], "mean": 0.9, "n": 1}
+    sweep.mkdir()
+    trial = yaml.safe_load(yaml.safe_dump(to_dict(load_config(None, ["run.name=t00"]))))
+    best = {"group": "t00", "configs": {"t00": trial}, "mean": 0.9, "std": 0.0, "n": 1}
     sweep_report._write_best(sweep, best)
     assert load_config(sweep / "best.yaml").run.name == "lrs-best"
 

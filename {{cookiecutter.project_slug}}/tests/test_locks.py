@@ -13,7 +13,7 @@ from conftest import ROOT
 from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools import sweep
+from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils import locks
 
@@ -47,7 +47,7 @@ def test_a_run_trains_on_a_filesystem_without_locks_with_one_warning(
 
 def test_a_sweep_manifest_is_written_on_a_filesystem_without_locks(tmp_path, monkeypatch, capsys):
     flock_failing_with(monkeypatch, OSError(errno.ENOLCK, "No locks available"))
-    args = sweep._parser().parse_args(
+    args = sweep_cli._parser().parse_args(
         ["--name", "nl", "train.lr=1e-3,3e-3", "run.device=cpu", f"run.output_dir={tmp_path}"]
     )
     made = sweep.Sweep.create(ROOT, args)

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TINY, run_script
 
-from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.tools import sweep
+from {{ cookiecutter.package_name }}.config import load_config, save_config
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.tools import sweep_cli, sweep_manifest
 from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
+from {{ cookiecutter.package_name }}.utils.logger import record_run
 
 GRID = ["train.lr=1e-3,3e-3", "model.depth=1,2"]
 DETERMINISTIC = [*TINY, "run.deterministic=true"]
@@ -36,7 +38,7 @@ def results(folder: Path) -> list[dict]:
 
 
 def dry_run(capsys, *args: str) -> list[dict]:
-    assert sweep.main(ROOT, ["--dry-run", *args, *TINY]) == 0
+    assert sweep_cli.main(ROOT, ["--dry-run", *args, *TINY]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -67,14 +69,14 @@ def test_kfold_plan_runs_every_fold_of_each_config(capsys):
 
 
 def test_random_search_is_seeded_and_within_the_ranges(capsys):
-    ranges = ["train.lr=log:1e-4:1e-2", "model.dropout=uniform:0:0.5", "model.width=choice:8,16"]
+    ranges = ["train.lr=log:1e-4:1e-2", "model.dropout=uniform:0:0.5", "model.depth=choice:1,3"]
     first = dry_run(capsys, "--name", "r", "--trials", "5", "--seed", "3", *ranges)
     again = dry_run(capsys, "--name", "r", "--trials", "5", "--seed", "3", *ranges)
     assert first == again and len(first) == 5
     for trial in first:
         s = trial["settings"]
         assert 1e-4 <= float(s["train.lr"]) <= 1e-2 and 0 <= float(s["model.dropout"]) <= 0.5
-        assert s["model.width"] in ("8", "16")
+        assert s["model.depth"] in ("1", "3")
 
 
 def test_aggregation_gives_mean_and_std_over_folds():
@@ -246,8 +248,10 @@ def test_ctrl_c_on_a_sweep_makes_its_running_trials_save_and_a_rerun_resumes_the
 
 @pytest.mark.slow
 def test_a_failing_trial_is_recorded_and_the_others_complete(tmp_path):
-    # batch 1000 > 256 samples passes the config checks but fails when the run starts.
-    proc = run_script(*sweep_cmd(tmp_path, "--name", "f", "train.batch_size=16,1000"), env=env())
+    # batch 1000 > 256 samples passes the config checks but fails when the run starts. (The
+    # swept key only once: a key both swept and set is refused.)
+    args = [a for a in sweep_cmd(tmp_path, "--name", "f") if not a.startswith("train.batch_")]
+    proc = run_script(*args, "train.batch_size=16,1000", env=env())
     assert proc.returncode == 1, proc.stdout
     trials = json.loads((tmp_path / "f" / "sweep.json").read_text())["trials"]
     assert [t["state"] for t in trials] == ["done", "failed"]
@@ -305,3 +309,168 @@ def test_a_3_fold_sweep_reports_mean_and_std_over_disjoint_folds_that_cover_the_
     with (tmp_path / "cv" / "runs.csv").open(newline="") as f:
         counts = sorted(int(r["val_count"]) for r in csv.DictReader(f))
     assert counts == [85, 85, 86] and sum(counts) == 256
+
+
+# --- Records that survive damage and company -------------------------------------------
+
+
+def in_process(tmp_path: Path, *args: str) -> int:
+    return sweep_cli.main(ROOT, [*args, *TINY, f"run.output_dir={tmp_path}"])
+
+
+def finished_sweep(tmp_path: Path, capsys, accs: list[float], losses: list[float]) -> Path:
+    """A 2x2 grid sweep whose trials look finished (config.yaml, metrics.csv, runs.csv line),
+    without the seconds of training: the report reads nothing else."""
+    assert in_process(tmp_path, "--name", "g", "--slurm", "--no-submit", *GRID) == 0
+    folder = tmp_path / "g"
+    manifest = json.loads((folder / "sweep.json").read_text())
+    for trial, acc, loss in zip(manifest["trials"], accs, losses, strict=True):
+        trial["state"] = "done"
+        cfg = load_config(None, [*TINY, *trial["overrides"], f"run.name={trial['id']}"])
+        (folder / trial["id"]).mkdir()
+        save_config(cfg, folder / trial["id"] / "config.yaml")
+        rows = f"epoch,val/loss,val/acc\n1,{loss + 0.5},{acc - 0.1}\n2,{loss},{acc}\n"
+        (folder / trial["id"] / "metrics.csv").write_text(rows)
+        record_run(folder, {"run": trial["id"], "best_val_acc": acc, "val_loss": loss})
+    (folder / "sweep.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    return folder
+
+
+def ranked(printed: str) -> list[str]:
+    return [line.split(" | ")[1] for line in printed.splitlines() if line.startswith("| ")][1:]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "no state", "not utf-8"])
+def test_a_damaged_sweep_json_is_one_line_naming_it(tmp_path, capsys, damage):
+    assert in_process(tmp_path, "--name", "d", "--slurm", "--no-submit", *GRID) == 0
+    path = tmp_path / "d" / "sweep.json"
+    text = path.read_text()
+    manifest = json.loads(text)
+    del manifest["trials"][1]["state"]
+    path.write_bytes(
+        {
+            "garbage": b"{not json",
+            "truncated": text[: len(text) // 2].encode(),
+            "no state": json.dumps(manifest).encode(),
+            "not utf-8": b"\xff\xfe{}",
+        }[damage]
+    )
+    capsys.readouterr()
+    assert in_process(tmp_path, "--name", "d", "--report", *GRID) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert "sweep.json" in err[0] and "is damaged" in err[0] and "remove it" in err[0]
+
+
+def test_report_alone_reads_the_sweep_from_its_folder(tmp_path, capsys):
+    finished_sweep(tmp_path, capsys, [0.5, 0.7, 0.6, 0.4], [0.5, 0.3, 0.4, 0.6])
+    assert sweep_cli.main(ROOT, ["--name", "g", "--report", f"run.output_dir={tmp_path}"]) == 0
+    assert ranked(capsys.readouterr().out) == [
+        "t01-lr1e-3-depth2", "t02-lr3e-3-depth1", "t00-lr1e-3-depth1", "t03-lr3e-3-depth2"
+    ]  # fmt: skip
+
+
+def test_report_alone_on_a_folder_without_a_sweep_is_one_line(tmp_path, capsys):
+    assert sweep_cli.main(ROOT, ["--name", "nope", "--report", f"run.output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no sweep 'nope'" in err[0], err
+    assert not (tmp_path / "nope").exists()
+
+
+@pytest.mark.parametrize("config", ["train: [unclosed\n", "train:\n  lrr: 1\n", b"\xff\xfe"])
+def test_report_skips_a_trial_whose_config_no_longer_parses(tmp_path, capsys, config):
+    folder = finished_sweep(tmp_path, capsys, [0.5, 0.7, 0.6, 0.4], [0.5, 0.3, 0.4, 0.6])
+    path = folder / "t01-lr1e-3-depth2" / "config.yaml"
+    path.write_bytes(config if isinstance(config, bytes) else config.encode())
+    assert in_process(tmp_path, "--name", "g", "--report", *GRID) == 0
+    out, err = capsys.readouterr()
+    assert err.count("t01-lr1e-3-depth2: skipped") == 1 and "config.yaml" in err, err
+    assert ranked(out)[:3] == ["t02-lr3e-3-depth1", "t00-lr1e-3-depth1", "t03-lr3e-3-depth2"]
+    assert "Traceback" not in err
+
+
+def test_tied_results_are_ranked_by_the_next_metric_and_said_to_tie(tmp_path, capsys):
+    folder = finished_sweep(tmp_path, capsys, [0.5] * 4, [0.9, 0.3, 0.7, 0.5])
+    assert in_process(tmp_path, "--name", "g", "--report", *GRID) == 0
+    out = capsys.readouterr().out
+    # acc ties: val loss decides, lower first
+    assert ranked(out) == [
+        "t01-lr1e-3-depth2", "t03-lr3e-3-depth2", "t02-lr3e-3-depth1", "t00-lr1e-3-depth1"
+    ]  # fmt: skip
+    assert "4 configs tie on acc (0.5000); ranked by val loss (min)" in out
+    assert [r["trial"] for r in results(folder)] == ranked(out)
+    assert "lr: 0.001\n" in (folder / "best.yaml").read_text()  # t01's, not t00's
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train.lr=1e-3,3e-3", "train.lr=1e-2,2e-2"], "train.lr is given twice"),
+        (["train.lr=1e-3", "train.lr=1e-2,2e-2"], "train.lr is given twice"),
+        (["--seeds", "2", "run.seed=1,2"], "run.seed is given twice"),
+        (["--kfold", "2", "data.fold=0,1"], "data.fold is given twice"),
+        (["--parallel", "0", "train.lr=1e-3,3e-3"], "--parallel must be >= 1"),
+        (["--run-index", "7", "train.lr=1e-3,3e-3"], "--run-index 7 is not in 0..1"),
+    ],
+)
+def test_a_refused_sweep_writes_nothing(tmp_path, capsys, args, message):
+    assert in_process(tmp_path, "--name", "r", *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
+def _file_size_limit(limit: int):
+    def limit_writes():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limit_writes
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_leaves_no_half_written_sweep_json(tmp_path):
+    # A file-size limit fails the write as a full disk does (EFBIG instead of ENOSPC).
+    args = sweep_cmd(tmp_path, "--name", "full", *GRID)
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()}, capture_output=True,
+        text=True, timeout=120, preexec_fn=_file_size_limit(200),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot use ") and "sweep.json" in err[0]
+    # no sweep.json, no temporary file, no trial started
+    left = sorted(p.name for p in (tmp_path / "full").iterdir())
+    assert left == [".sweep.lock", ".sweep.run.lock"]
+
+
+def test_slurm_array_tasks_share_the_sweep_lock_that_a_whole_sweep_takes_alone(tmp_path):
+    tasks = [sweep_manifest.hold_sweep(tmp_path, one_trial=True) for _ in range(2)]
+    with pytest.raises(ConfigError, match="is already running in another process"):
+        sweep_manifest.hold_sweep(tmp_path, one_trial=False)
+    for fd in tasks:
+        os.close(fd)
+    whole = sweep_manifest.hold_sweep(tmp_path, one_trial=False)
+    with pytest.raises(ConfigError, match="is already running in another process"):
+        sweep_manifest.hold_sweep(tmp_path, one_trial=True)
+    os.close(whole)
+
+
+@pytest.mark.slow
+def test_a_second_sweep_of_a_running_folder_is_refused(tmp_path):
+    args = sweep_cmd(tmp_path, "--name", "two", "train.lr=1e-3,3e-3", "data.train_size=2048")
+    first = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for([tmp_path / "two" / "t00-lr1e-3" / "config.yaml"])
+    second = run_script(*args, env=env())
+    assert second.returncode == 2, second.stdout + second.stderr
+    err = second.stderr.strip().splitlines()
+    assert len(err) == 1 and "is already running in another process" in err[0], err
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    trials = json.loads((tmp_path / "two" / "sweep.json").read_text())["trials"]
+    assert [t["state"] for t in trials] == ["done", "done"]

@@ -242,6 +242,7 @@ OPTIONAL = (
     "onnxruntime",
     "wandb",
     "mlflow",
+    "optuna",
     # The tools a training run does not use (its entry point is tools/train.py).
     *(
         f"{trainer.__package__}.tools.{tool}"
@@ -257,6 +258,8 @@ OPTIONAL = (
             "sweep",
             "sweep_plan",
             "sweep_report",
+            "sweep_manifest",
+            "sweep_optuna",
         )
     ),
 )

@@ -9,9 +9,11 @@ runs.csv, else last.pt), so runs from different sweeps and output folders mix fr
 from __future__ import annotations
 
 import argparse
+import csv
 import glob
 import math
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -29,11 +31,19 @@ _MISSING = "-"  # a setting one run's config lacks (an older version of the proj
 
 def compare(args: list[str], out: Path | None, x: str = "step") -> int:
     """Print the table of the runs that `args` name and draw `out` (None: compare.png in the
-    folder that holds them, as checkpoints/ holds checkpoints/*, never the working folder); 0."""
-    runs = find_runs(args)
+    folder that holds them, as checkpoints/ holds checkpoints/*, never the working folder); 0.
+    A run that cannot be read is skipped with a line."""
+    runs, summaries = [], []
+    for run in find_runs(args):
+        try:
+            summaries.append(summarise(run))
+            runs.append(run)
+        except UserError as exc:  # one damaged run does not hide the others
+            print(f"skipped {run.name}: {exc}; the other runs are compared", file=sys.stderr)
+    if not runs:
+        raise UserError(f"no run among {' '.join(args)} could be read (see the lines above)")
     out = out or Path(os.path.commonpath([run.parent for run in runs])) / "compare.png"
     labels = _labels(runs)
-    summaries = [summarise(run) for run in runs]
     print(table(labels, summaries))
     curves = {label: s["columns"] for label, s in zip(labels, summaries, strict=True)}
     lines = plot_overlay(curves, out, x)
@@ -93,13 +103,19 @@ def _best_metric(config: dict, run: Path) -> str:
 
 def summarise(run: Path) -> dict:
     """What the table and the plot show of one run."""
+    path = run / "config.yaml"
     try:
-        config = yaml.safe_load((run / "config.yaml").read_text()) or {}
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError:
-        raise UserError(f"{str(run / 'config.yaml')!r} is not valid YAML") from None
+        raise UserError(f"{str(path)!r} is not valid YAML") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{str(path)!r} is not UTF-8 text") from None
     if not isinstance(config, dict):
-        raise UserError(f"{str(run / 'config.yaml')!r} is not a config (a mapping of sections)")
-    columns = read_columns(run / "metrics.csv")
+        raise UserError(f"{str(path)!r} is not a config (a mapping of sections)")
+    try:
+        columns = read_columns(run / "metrics.csv")
+    except (UnicodeDecodeError, csv.Error):
+        raise UserError(f"{str(run / 'metrics.csv')!r} is not UTF-8 CSV text") from None
     metric = _best_metric(config, run)
     elapsed = _last(columns.get("time/elapsed_s", []))
     if math.isnan(elapsed):  # runs from before time/elapsed_s: training time only

@@ -1,16 +1,16 @@
 """Hyperparameter sweeps: plan trials (grid, random search, seeds, folds), run each as a named
 run of scripts/train.py, and keep their state in <run.output_dir>/<sweep>/sweep.json.
 
-Start at main(). Each trial is `train.py ... run.output_dir=<sweep dir> run.name=<trial>
-train.resume=auto`, so running the same sweep again skips done trials and resumes the rest.
-Results (table, results.csv, best.yaml, plots) are sweep_report.py's.
+sweep_cli.py reads the arguments and starts a Sweep here. Each trial is
+`train.py ... run.output_dir=<sweep dir> run.name=<trial> train.resume=auto`, so running the
+same sweep again skips done trials and resumes the rest.
+Results (table, results.csv, best.yaml, plots) are sweep_report.py's; sweep.json, its atomic
+writes and the locks are sweep_manifest.py's; --optuna is sweep_optuna.py's.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,62 +19,19 @@ import time
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import ConfigError, UserError
-from ..utils import locks, signals
-from . import sweep_report
-from .sweep_plan import plan, slots_for, submit_array
+from ..errors import ConfigError
+from ..utils import signals
+from . import sweep_manifest, sweep_report
+from .sweep_plan import plan, slots_for
 
 EXIT_PREEMPTED = 75
-# What going without the manifest lock risks (a filesystem without locks).
-UNLOCKED_MANIFEST = "two sweep processes (SLURM array tasks) could overwrite each other's records"
 
 
-def main(root: Path, argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        sweep = Sweep.create(root, args)
-        if args.dry_run:
-            print(json.dumps(sweep.trials, indent=1))
-            return 0
-        if args.report:
-            return sweep_report.report(sweep.dir, sweep.trials)
-        if args.slurm:
-            return submit_array(sweep, args)
-        return sweep.run(args)
-    except UserError as exc:
-        if args.debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Run a hyperparameter sweep of scripts/train.py.")
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help=(
-            "fixed: train.epochs=3; grid axis: train.lr=1e-3,3e-3; with --trials: "
-            "log:1e-4:1e-2, uniform:0:0.5, int:1:4, choice:16,32"
-        ),
-    )
-    p.add_argument("--name", required=True, help="sweep folder <run.output_dir>/<name>/")
-    p.add_argument("--config", help="YAML config file given to every trial")
-    p.add_argument("--trials", type=int, default=0, help="random search: this many configs")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random search")
-    p.add_argument("--seeds", type=int, default=1, help="run each config with N seeds")
-    p.add_argument("--kfold", type=int, default=0, help="run each config on K folds")
-    p.add_argument("--parallel", type=int, default=1, help="trials at a time (subprocesses)")
-    p.add_argument("--gpus", help="GPU ids for --parallel, e.g. 0,1 (default: all)")
-    p.add_argument("--slurm", action="store_true", help="write and sbatch an array job")
-    p.add_argument("--no-submit", action="store_true", help="with --slurm: write only")
-    p.add_argument("--sbatch-arg", action="append", default=[], help="passed on to sbatch")
-    p.add_argument("--run-index", type=int, help="run only this trial (SLURM array task)")
-    p.add_argument("--report", action="store_true", help="only print the results table")
-    p.add_argument("--dry-run", action="store_true", help="print the trials as JSON")
-    p.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
-    return p
+def sweep_folder(args, fixed: list[str]) -> Path:
+    """<run.output_dir>/<--name>/, after checking that --name is a folder name."""
+    if not args.name or not all(c.isalnum() or c in "-_." for c in args.name):
+        raise ConfigError(f"--name must be a folder name (letters, digits, - _ .): {args.name!r}")
+    return Path(load_config(args.config, fixed).run.output_dir) / args.name
 
 
 class Sweep:
@@ -84,19 +41,18 @@ class Sweep:
         self.root, self.dir, self.config, self.fixed = root, folder, config, fixed
         self.trials = trials
         self.signals: list[int] = []  # the stop signals received, in order
+        self.slots: list[dict] = [{}]  # where trials run: set from --parallel and --gpus
+        self._held: int | None = None  # the sweep lock's descriptor while this process runs it
         self._sent: dict[int, set] = {}  # pid -> the signals passed on to that trial
         self._started: list[str] = []  # the trials this process started
 
     @classmethod
     def create(cls, root: Path, args) -> Sweep:
-        if not args.name or not all(c.isalnum() or c in "-_." for c in args.name):
-            raise ConfigError(
-                f"--name must be a folder name (letters, digits, - _ .): {args.name!r}"
-            )
+        sweep_folder(args, [])  # the name first: nothing else means much with a bad one
         fixed, trials = plan(args)
         if not trials:
             raise ConfigError("nothing to sweep: give a grid (key=a,b) or --trials N with ranges")
-        folder = Path(load_config(args.config, fixed).run.output_dir) / args.name
+        folder = sweep_folder(args, fixed)
         # Absolute: trials, SLURM tasks (which cd to the project) and reruns find the same file.
         config = str(Path(args.config).resolve()) if args.config else None
         sweep = cls(root, folder, config, fixed, trials)
@@ -105,7 +61,12 @@ class Sweep:
                 load_config(config, sweep.overrides(trial))
             except ConfigError as exc:
                 raise ConfigError(f"trial {trial['id']}: {exc}") from None
+        sweep.slots = slots_for(args.parallel, args.gpus)
+        if args.run_index is not None and not 0 <= args.run_index < len(trials):
+            raise ConfigError(f"--run-index {args.run_index} is not in 0..{len(trials) - 1}")
         if not args.dry_run:  # a dry run writes nothing
+            if not args.slurm:  # held until this process ends: a second sweep is refused
+                sweep._held = sweep_manifest.hold_sweep(folder, args.run_index is not None)
             sweep._merge_manifest()
         return sweep
 
@@ -126,7 +87,7 @@ class Sweep:
 
     def _merge_manifest(self) -> None:
         """Keep the recorded state of an existing sweep of the same trials."""
-        with self._locked() as saved:
+        with sweep_manifest.locked(self.dir) as saved:
             if saved is None:
                 self._write({"config": self.config, "fixed": self.fixed, "trials": self.trials})
                 return
@@ -142,27 +103,17 @@ class Sweep:
                 )
             self.trials = saved["trials"]
 
-    @contextlib.contextmanager
-    def _locked(self):
-        """The manifest under an exclusive lock (None while there is none)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        lock = self.dir / ".sweep.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            locks.lock(fd, lock, UNLOCKED_MANIFEST)  # serialises SLURM array tasks' updates
-            path = self.dir / "sweep.json"
-            yield json.loads(path.read_text()) if path.exists() else None
-        finally:
-            os.close(fd)
+    def release(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
 
     def _write(self, manifest: dict) -> None:
-        tmp = self.dir / f".sweep.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, self.dir / "sweep.json")
+        sweep_manifest.write(self.dir / "sweep.json", manifest)
 
     def update(self, trial: dict, **fields) -> None:
         trial.update(fields)
-        with self._locked() as saved:
+        with sweep_manifest.locked(self.dir) as saved:
             for i, old in enumerate(saved["trials"]):
                 if old["id"] == trial["id"]:
                     saved["trials"][i] = trial
@@ -171,12 +122,8 @@ class Sweep:
     def run(self, args) -> int:
         todo = [t for t in self.trials if t["state"] != "done"]
         if args.run_index is not None:
-            if not 0 <= args.run_index < len(self.trials):
-                raise ConfigError(
-                    f"--run-index {args.run_index} is not in 0..{len(self.trials) - 1}"
-                )
             todo = [t for t in [self.trials[args.run_index]] if t["state"] != "done"]
-        slots = slots_for(args.parallel, args.gpus)
+        slots = self.slots
         print(
             f"sweep {self.dir}: {len(self.trials)} trials, {len(todo)} to run, "
             f"{len(slots)} at a time"

@@ -21,18 +21,38 @@ RANGES = ("log", "uniform", "int", "choice")
 
 def plan(args) -> tuple[list[str], list[dict]]:
     """The fixed overrides and the trials: one per config x seed x fold."""
+    fixed, axes = split(args)
+    configs = _random(axes, args.trials, args.seed) if args.trials else _grid(axes)
+    return fixed, _trials(args, fixed, axes, configs)
+
+
+def split(args) -> tuple[list[str], dict[str, str]]:
+    """The fixed overrides and the swept axes {key: "a,b" or a range}; a key swept twice, or
+    swept and set per trial by the sweep, is refused."""
     fixed, axes = [], {}
     for item in args.overrides:
         key, sep, value = item.partition("=")
         kind = value.partition(":")[0]
         if sep and (kind in RANGES or ("," in value and value[:1] not in "[{\"'")):
+            _refuse_twice(key.strip(), axes)
             axes[key.strip()] = value
         else:
             fixed.append(item)
     for item in fixed:
         if item.partition("=")[0].strip() in PER_TRIAL:
             raise ConfigError(f"{item!r}: the sweep sets {', '.join(PER_TRIAL)} per trial")
-    configs = _random(axes, args.trials, args.seed) if args.trials else _grid(axes)
+    # Keys the sweep sets per trial besides the axes: --seeds the seed, --kfold the fold.
+    for item in fixed:
+        _refuse_twice(item.partition("=")[0].strip(), axes)
+    for key in ["run.seed"] * (args.seeds > 1):
+        _refuse_twice(key, axes, "by --seeds")
+    for key in ["data.fold", "data.folds"] * bool(args.kfold):
+        _refuse_twice(key, axes, "by --kfold")
+    return fixed, axes
+
+
+def _trials(args, fixed: list[str], axes: dict, configs: list[dict]) -> list[dict]:
+    """Each config once per seed x fold, with readable ids."""
     reps = [[]]
     if args.seeds > 1:
         base = load_config(args.config, fixed).run.seed
@@ -62,7 +82,16 @@ def plan(args) -> tuple[list[str], list[dict]]:
                     "error": None,
                 }
             )
-    return fixed, trials
+    return trials
+
+
+def _refuse_twice(key: str, axes: dict[str, str], by: str = "again") -> None:
+    """A swept key set again (another axis, a fixed value, --seeds or --kfold) would silently
+    replace one of the two: refused. Fixed values may repeat (the last wins, as in train.py)."""
+    if key in axes:
+        raise ConfigError(
+            f"{key} is given twice (swept as {key}={axes[key]} and set {by}); keep one"
+        )
 
 
 def _grid(axes: dict[str, str]) -> list[dict]:
@@ -79,19 +108,27 @@ def _random(axes: dict[str, str], n: int, seed: int) -> list[dict]:
     return [{key: sample(rng) for key, sample in specs.items()} for _ in range(n)]
 
 
-def _range(key: str, value: str):
+def range_spec(key: str, value: str) -> tuple[str, list[str] | tuple[float, float]]:
+    """("choice", [values]) or (log | uniform | int, (LOW, HIGH)), checked."""
     kind, _, rest = value.partition(":")
     if kind not in RANGES:  # a comma list: a choice
         kind, rest = "choice", value
     if kind == "choice":
-        choices = [v.strip() for v in rest.split(",") if v.strip()]
-        return lambda rng: rng.choice(choices)
+        return kind, [v.strip() for v in rest.split(",") if v.strip()]
     try:
         low, high = (float(x) for x in rest.split(":"))
     except ValueError:
         raise ConfigError(f"{key}={value}: write {kind}:LOW:HIGH, e.g. log:1e-4:1e-2") from None
     if not low < high or (kind == "log" and low <= 0):
         raise ConfigError(f"{key}={value}: needs LOW < HIGH" + (", both > 0" * (kind == "log")))
+    return kind, (low, high)
+
+
+def _range(key: str, value: str):
+    kind, spec = range_spec(key, value)
+    if kind == "choice":
+        return lambda rng: rng.choice(spec)
+    low, high = spec
     if kind == "int":
         return lambda rng: str(rng.randint(int(low), int(high)))
     if kind == "log":

@@ -1,17 +1,24 @@
 """A sweep's results: each trial's best validation metric (from <sweep dir>/runs.csv, else its
-last checkpoint), mean ± std over the seeds/folds of a config, a markdown table ranked by it,
-results.csv, best.yaml (the best trial's whole config, for --config) and metric_vs_<key>.png."""
+last checkpoint), mean ± std over the seeds/folds of a config, a markdown table ranked by it
+(ties broken by the task's next metric, and said), results.csv, best.yaml (the best trial's
+whole config, for --config) and metric_vs_<key>.png. A trial whose records no longer read is
+skipped with a line."""
 
 from __future__ import annotations
 
 import csv
+import io
+import math
 import statistics
+import sys
 from pathlib import Path
 
 import yaml
 
-from ..config import from_dict
-from ..utils.plots import INSTALL_HINT, available, save_figure, subplot_grid
+from ..config import components, from_dict
+from ..errors import UserError, first_line
+from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
+from .sweep_manifest import write_text
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -29,26 +36,32 @@ def report(sweep_dir: Path, trials: list[dict]) -> int:
     """Print the ranked table and write results.csv, best.yaml and the plots; 0, or 1 when
     no trial has a result yet."""
     runs = runs_table(sweep_dir)
-    metric, mode = None, "max"
+    order = None  # (metric, mode, next metric, its mode): the task's, from a trial's config
     by_group: dict[str, dict] = {}
     for trial in trials:
         group = by_group.setdefault(
-            trial["group"], {"settings": trial["settings"], "values": [], "trials": []}
+            trial["group"],
+            {"settings": trial["settings"], "values": [], "next": [], "trials": [], "configs": {}},
         )
         group["trials"].append(trial)
-        config = _run_config(sweep_dir / trial["id"])
-        if trial["state"] != "done" or config is None:
+        read = _readable_config(sweep_dir / trial["id"]) if trial["state"] == "done" else None
+        if read is None:
             continue
-        metric, mode = from_dict(config).best()
-        value = best_value(sweep_dir, trial["id"], metric, runs)
+        group["configs"][trial["id"]], cfg = read
+        order = _order(cfg)
+        value = best_value(sweep_dir, trial["id"], order[0], runs)
         if value is not None:
             group["values"].append(value)
-    if metric is None:
+            group["next"].append(_next_value(sweep_dir, trial["id"], value, order, runs))
+    if order is None:
         print(f"no finished trial in {sweep_dir} yet")
         return 1
-    rows = rank(by_group, mode)
+    metric, mode = order[:2]
+    rows = rank(by_group, mode, order[3])
     keys = list(dict.fromkeys(k for g in by_group.values() for k in g["settings"]))
     print(table(rows, keys, metric, mode))
+    for line in ties(rows, order):
+        print(line)
     _write_csv(sweep_dir / "results.csv", rows, keys, metric)
     best = rows[0]
     if best["n"]:
@@ -58,15 +71,100 @@ def report(sweep_dir: Path, trials: list[dict]) -> int:
     return 0
 
 
-def rank(by_group: dict[str, dict], mode: str) -> list[dict]:
-    """One row per config, best first; configs without a result last."""
+def _order(cfg) -> tuple[str, str, str | None, str]:
+    """The ranking metric and its mode, then the task's next metric (the tie-break) and its."""
+    metric, mode = cfg.best()
+    directions = components("task")[cfg.task.name].metrics
+    after = next((m for m in directions if m != metric), None)
+    return metric, mode, after, directions.get(after, "min")
+
+
+def _readable_config(run_dir: Path) -> tuple[dict, object] | None:
+    """The trial's config.yaml as a dict and a Config; None, after a line, when it no longer
+    reads (damaged, not UTF-8, or from another version of the project)."""
+    path = run_dir / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise UserError("not a mapping of sections")
+        return config, from_dict(config)
+    except FileNotFoundError:
+        why = "it has none"
+    except UnicodeDecodeError:
+        why = "not UTF-8 text"
+    except yaml.YAMLError:
+        why = "not valid YAML"
+    except (UserError, TypeError, ValueError) as exc:
+        why = first_line(exc, 160)
+    print(
+        f"{run_dir.name}: skipped, its config.yaml does not read ({why}); "
+        f"the other trials are reported ({path})",
+        file=sys.stderr,
+    )
+    return None
+
+
+def rank(by_group: dict[str, dict], mode: str, next_mode: str = "min") -> list[dict]:
+    """One row per config, best first, ties broken by the next metric; configs without a
+    result last."""
     rows = []
     for name, group in by_group.items():
         mean, std, n = aggregate(group["values"])
+        tiebreak = aggregate([v for v in group.get("next", []) if v is not None])[0]
         states = sorted({t["state"] for t in group["trials"]})
-        rows.append({"group": name, **group, "mean": mean, "std": std, "n": n, "state": states})
-    sign = -1 if mode == "max" else 1
-    return sorted(rows, key=lambda r: (r["n"] == 0, sign * r["mean"] if r["n"] else 0))
+        rows.append(
+            {"group": name, **group, "mean": mean, "std": std, "n": n, "state": states,
+             "tiebreak": tiebreak}
+        )  # fmt: skip
+    sign, next_sign = (-1 if m == "max" else 1 for m in (mode, next_mode))
+
+    def key(row):
+        if not row["n"]:
+            return (True, 0.0, 0.0)
+        nxt = row["tiebreak"]
+        return (False, sign * row["mean"], math.inf if math.isnan(nxt) else next_sign * nxt)
+
+    return sorted(rows, key=key)
+
+
+def ties(rows: list[dict], order: tuple) -> list[str]:
+    """A line per set of configs with the same result, saying how they were ranked."""
+    metric, _, after, after_mode = order
+    lines, i = [], 0
+    while i < len(rows):
+        j = i + 1
+        while j < len(rows) and rows[i]["n"] and rows[j]["n"] and _same(rows[i], rows[j], "mean"):
+            j += 1
+        if j - i > 1:
+            tied = rows[i:j]
+            how = f"ranked by val {after} ({after_mode})" if after else "in sweep order"
+            if after and all(_same(tied[0], r, "tiebreak") for r in tied):
+                how = f"they tie on val {after} too: in sweep order"
+            value, names = f"{tied[0]['mean']:.4f}", ", ".join(r["group"] for r in tied)
+            lines.append(f"note: {len(tied)} configs tie on {metric} ({value}); {how}: {names}")
+        i = j
+    return lines
+
+
+def _same(a: dict, b: dict, field: str) -> bool:
+    x, y = a[field], b[field]
+    return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _next_value(sweep_dir: Path, trial: str, best: float, order: tuple, runs: dict):
+    """The next metric at the trial's best epoch (metrics.csv; at its last, from runs.csv)."""
+    metric, _, after, after_mode = order
+    if after is None:
+        return None
+    try:
+        columns = read_columns(sweep_dir / trial / "metrics.csv")
+    except (OSError, UnicodeDecodeError, csv.Error):
+        columns = {}
+    pairs = zip(columns.get(f"val/{metric}", []), columns.get(f"val/{after}", []), strict=False)
+    at_best = [b for a, b in pairs if math.isclose(a, best, rel_tol=1e-9) and not math.isnan(b)]
+    if at_best:
+        return max(at_best) if after_mode == "max" else min(at_best)
+    return _float(runs.get(trial, {}).get(f"val_{after}"))
 
 
 def table(rows: list[dict], keys: list[str], metric: str, mode: str) -> str:
@@ -90,32 +188,28 @@ def _pm(row: dict) -> str:
 
 
 def _write_csv(path: Path, rows: list[dict], keys: list[str], metric: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["trial", *keys, f"{metric}_mean", f"{metric}_std", "runs", "state"])
-        for row in rows:
-            mean, std = (f"{row['mean']:.6g}", f"{row['std']:.6g}") if row["n"] else ("", "")
-            settings = [row["settings"].get(k, "") for k in keys]
-            writer.writerow([row["group"], *settings, mean, std, row["n"], ",".join(row["state"])])
-    tmp.replace(path)
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["trial", *keys, f"{metric}_mean", f"{metric}_std", "runs", "state"])
+    for row in rows:
+        mean, std = (f"{row['mean']:.6g}", f"{row['std']:.6g}") if row["n"] else ("", "")
+        settings = [row["settings"].get(k, "") for k in keys]
+        writer.writerow([row["group"], *settings, mean, std, row["n"], ",".join(row["state"])])
+    write_text(path, text.getvalue())
 
 
 def _write_best(sweep_dir: Path, best: dict) -> None:
-    done = [t for t in best["trials"] if t["state"] == "done"]
-    config = _run_config(sweep_dir / done[0]["id"])
+    config = next(iter(best["configs"].values()))  # a trial of it whose config reads
     for section, names in NOT_IN_BEST.items():
         for name in names:
             config.get(section, {}).pop(name, None)
     config.setdefault("run", {})["name"] = f"{sweep_dir.name}-best"  # not into runs named default
-    tmp = sweep_dir / ".best.yaml.tmp"
     header = (
         f"# Best config of sweep {sweep_dir.name}: {best['group']} ({_pm(best)}).\n"
         "# The whole config (the sweep's --config file and settings included), so it trains\n"
         "# the same after that file changes: python scripts/train.py --config best.yaml\n"
     )
-    tmp.write_text(header + yaml.safe_dump(config, sort_keys=False))
-    tmp.replace(sweep_dir / "best.yaml")
+    write_text(sweep_dir / "best.yaml", header + yaml.safe_dump(config, sort_keys=False))
 
 
 def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> None:
@@ -150,25 +244,35 @@ def runs_table(sweep_dir: Path) -> dict[str, dict]:
     path = sweep_dir / "runs.csv"
     if not path.exists():
         return {}
-    with path.open(newline="") as f:
-        return {row["run"]: row for row in csv.DictReader(f)}
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return {row.get("run"): row for row in csv.DictReader(f)}
+    except (UnicodeDecodeError, csv.Error) as exc:
+        print(f"{path} does not read ({first_line(exc, 80)}): results from last.pt instead")
+        return {}
 
 
-def _run_config(run_dir: Path) -> dict | None:
-    path = run_dir / "config.yaml"
-    return yaml.safe_load(path.read_text()) if path.exists() else None
+def _float(value) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:  # a damaged cell
+        return None
 
 
 def best_value(sweep_dir: Path, trial: str, metric: str, runs: dict) -> float | None:
     """The best validation value of run <sweep_dir>/<trial>: its row of runs.csv (`runs`,
     from runs_table), else its last checkpoint's."""
-    value = runs.get(trial, {}).get(f"best_val_{metric}")
-    if value:
-        return float(value)
+    value = _float(runs.get(trial, {}).get(f"best_val_{metric}"))
+    if value is not None:
+        return value
     last = sweep_dir / trial / "last.pt"
     if not last.exists():
         return None
     from ..checkpoint import load  # torch: only for runs that never wrote their row
 
-    best = load(last).get("progress", {}).get("best")
+    try:
+        best = load(last).get("progress", {}).get("best")
+    except UserError as exc:  # a damaged checkpoint: this run has no result to show
+        print(f"{trial}: no result ({first_line(exc, 160)})", file=sys.stderr)
+        return None
     return None if best is None else float(best)

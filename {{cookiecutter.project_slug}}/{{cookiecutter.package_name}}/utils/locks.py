@@ -17,14 +17,18 @@ NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSU
 _warned: set[str] = set()
 
 
-def lock(fd: int, path: os.PathLike | str, risk: str, wait: bool = True) -> bool:
-    """Take an exclusive lock on the open file `fd` (of `path`). True when held; False where
-    locks are unavailable (after a warning naming `risk`, what can go wrong unlocked). With
-    wait=False a lock that another process holds raises BlockingIOError."""
+def lock(
+    fd: int, path: os.PathLike | str, risk: str, wait: bool = True, shared: bool = False
+) -> bool:
+    """Take an exclusive (or, with shared=True, a shared) lock on the open file `fd` (of
+    `path`). True when held; False where locks are unavailable (after a warning naming `risk`,
+    what can go wrong unlocked). With wait=False a lock that another process holds raises
+    BlockingIOError."""
     if fcntl is None:
         return False
+    kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        fcntl.flock(fd, kind | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         raise
     except OSError as exc:

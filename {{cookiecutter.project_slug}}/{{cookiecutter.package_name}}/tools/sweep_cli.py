@@ -1,0 +1,97 @@
+"""scripts/sweep.py: the arguments, and which sweep they ask for: a grid or random search
+(sweep.py), an Optuna study (sweep_optuna.py), a SLURM array, or the report of a sweep's
+folder alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+from . import sweep_manifest, sweep_report
+from .cli import guard
+from .sweep import Sweep, sweep_folder
+from .sweep_plan import submit_array
+
+
+def main(root: Path, argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+
+    def run() -> int:
+        if args.optuna and not args.report:
+            from .sweep_optuna import run_study  # optuna: an optional extra
+
+            return run_study(root, args)
+        if args.report:  # what the sweep's folder records, however it was started
+            folder = sweep_folder(args, [o for o in args.overrides if _is_output_dir(o)])
+            return sweep_report.report(folder, _recorded_trials(folder, args.name))
+        sweep = Sweep.create(root, args)
+        if args.dry_run:
+            print(json.dumps(sweep.trials, indent=1))
+            return 0
+        if args.slurm:
+            return submit_array(sweep, args)
+        try:
+            return sweep.run(args)
+        finally:
+            sweep.release()
+
+    return guard(run, args.debug)
+
+
+def _is_output_dir(override: str) -> bool:
+    return override.partition("=")[0].strip() == "run.output_dir"
+
+
+def _recorded_trials(folder: Path, name: str) -> list[dict]:
+    manifest = sweep_manifest.read(folder / "sweep.json")
+    if manifest is None:
+        raise ConfigError(
+            f"no sweep {name!r} in {folder.parent} (no sweep.json); check --name, and give "
+            "the sweep's run.output_dir=... or --config"
+        )
+    return manifest["trials"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Run a hyperparameter sweep of scripts/train.py.")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help=(
+            "fixed: train.epochs=3; grid axis: train.lr=1e-3,3e-3; with --trials: "
+            "log:1e-4:1e-2, uniform:0:0.5, int:1:4, choice:16,32"
+        ),
+    )
+    p.add_argument("--name", required=True, help="sweep folder <run.output_dir>/<name>/")
+    p.add_argument("--config", help="YAML config file given to every trial")
+    p.add_argument("--trials", type=int, default=0, help="random search: this many configs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random search / --optuna")
+    p.add_argument(
+        "--optuna",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Optuna search (TPE, median pruning) to N trials in all: pip install -e '.[sweep]'",
+    )
+    p.add_argument(
+        "--prune-after",
+        type=int,
+        default=3,
+        metavar="K",
+        help="with --optuna: prune once K trials finished (below their median at an epoch)",
+    )
+    p.add_argument("--seeds", type=int, default=1, help="run each config with N seeds")
+    p.add_argument("--kfold", type=int, default=0, help="run each config on K folds")
+    p.add_argument("--parallel", type=int, default=1, help="trials at a time (subprocesses)")
+    p.add_argument("--gpus", help="GPU ids for --parallel, e.g. 0,1 (default: all)")
+    p.add_argument("--slurm", action="store_true", help="write and sbatch an array job")
+    p.add_argument("--no-submit", action="store_true", help="with --slurm: write only")
+    p.add_argument("--sbatch-arg", action="append", default=[], help="passed on to sbatch")
+    p.add_argument("--run-index", type=int, help="run only this trial (SLURM array task)")
+    p.add_argument("--report", action="store_true", help="only print the results table")
+    p.add_argument("--dry-run", action="store_true", help="print the trials as JSON")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    return p

@@ -11,6 +11,7 @@ import pickle
 import random
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ class Plan:
     fsize: int | None = None  # RLIMIT_FSIZE of the command, bytes
     memory: int | None = None  # RLIMIT_AS of the command, bytes (hostile sizes)
     signals: list[tuple[str | None, float, int]] = field(default_factory=list)
-    slow_s: float | None = None  # a clean ending slower than this is a failure ("slow")
+    timed: bool = False  # a clean ending slower than fault_tools.py --slow is a failure
     torchrun: bool = False  # several processes write stderr: the one-line rule does not apply
     mounts: list[Path] = field(default_factory=list)  # tmpfs to unmount afterwards
     skip: str | None = None  # why the case cannot run here (not a failure)
@@ -195,15 +196,20 @@ def best(ctx, folder: Path, run: str) -> str:
 
 
 def export_cases(formats: list[str]) -> list[Case]:
-    """Limits and free space are bytes, or "under"/"half": the artifact's size less one byte,
-    half of it (known once the base artifacts exist)."""
+    """Limits and free space are bytes, or "under"/"half"/"size": the artifact's size less one
+    byte, half of it, all of it (known once the base artifacts exist)."""
     cases = []
     for fmt in formats:
         for label, limit in (("0", 0), ("4k", 4 * KiB), ("64k", 64 * KiB), ("under", "under")):
             cases.append(
                 Case(f"export-{fmt}-fsize-{label}", "export-fsize", ("syn",), _fsize(fmt, limit))
             )
-        for label, slack in (("full", 0), ("8k-free", 8 * KiB), ("half-free", "half")):
+        for label, slack in (
+            ("full", 0),
+            ("8k-free", 8 * KiB),
+            ("half-free", "half"),
+            ("room-for-artifact-not-json", "size"),
+        ):
             cases.append(
                 Case(f"export-{fmt}-disk-{label}", "export-disk", ("syn",), _disk(fmt, slack))
             )
@@ -212,7 +218,7 @@ def export_cases(formats: list[str]) -> list[Case]:
 
 def _bytes(ctx, fmt: str, n) -> int:
     size = ctx.sizes[fmt]
-    return size - 1 if n == "under" else size // 2 if n == "half" else n
+    return {"under": size - 1, "half": size // 2, "size": size}.get(n, n)
 
 
 def _fsize(fmt: str, limit):
@@ -347,7 +353,8 @@ def _dcp(target: str, how: str, tool: str):
         out = folder / "full.pt"
         cmd = py("consolidate", "--checkpoint", str(newest.with_suffix(".pt")), "--out", str(out))
         kept = [p for p in run.rglob("*") if p.is_file()]
-        return Plan(cmd, (2,), keep=kept, clean=[run, folder], check=_names(target))
+        check = _names(target, out, ctx.base / "full.pt")
+        return Plan(cmd, (0, 2), keep=kept, clean=[run, folder], check=check)
 
     return prepare
 
@@ -361,13 +368,48 @@ def _fell_back(run: Path):
     return check
 
 
-def _names(target: str):
+def _names(target: str, out: Path, good: Path):
+    """Refused: the line names the damaged file. Written (the model's tensors can sit in the
+    shard's intact part; the optimizer's are not read): the model equals the undamaged one."""
+
     def check(res) -> str | None:
         if res.rc == 2 and target not in res.err and ".dcp" not in res.err:
             return "error line names no file"
+        if res.rc == 0 and not same_tensors(_load(out), _load(good)):
+            return "silently wrong: the consolidated model differs from the undamaged one"
         return None
 
     return check
+
+
+def _load(path: Path):
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def same_tensors(a, b) -> bool:
+    """The tensors of two loaded checkpoints are equal (other values are not compared)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = {k for k in a.keys() | b.keys() if _has_tensor(a.get(k)) or _has_tensor(b.get(k))}
+        return all(same_tensors(a.get(k), b.get(k)) for k in keys)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(same_tensors, a, b))
+    return True
+
+
+def _has_tensor(x) -> bool:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, dict):
+        return any(map(_has_tensor, x.values()))
+    return isinstance(x, (list, tuple)) and any(map(_has_tensor, x))
 
 
 # ---- hostile sizes -----------------------------------------------------------------------
@@ -406,12 +448,12 @@ def _bomb_value() -> str:
     return "\n".join(lines) + "\n  - *a8\n"
 
 
-def _limits(folder: Path, cmd: list[str], expect=(2,), slow=60.0) -> Plan:
+def _limits(folder: Path, cmd: list[str], expect=(2,)) -> Plan:
     return Plan(
         cmd,
         expect,
         memory=8 * 2**30,
-        slow_s=slow,
+        timed=True,
         clean=[folder],
         check=no_new_files(folder / "runs"),
     )
@@ -475,7 +517,7 @@ def _wide_csv(columns: int):
                 f.write(",".join(cells) + f",{'ab'[r % 2]}\n")
         cmd = py("train", *MLP, "model.width=4", "train.epochs=1", "data.name=csv")
         cmd += [f"data.path={table}", "data.label=label", "run.name=wide", _out(folder)]
-        return Plan(cmd, (0, 2), memory=8 * 2**30, slow_s=60.0, clean=[folder])
+        return Plan(cmd, (0, 2), memory=8 * 2**30, timed=True, clean=[folder])
 
     return prepare
 
@@ -665,4 +707,11 @@ def can_mount() -> tuple[bool, str]:
     """Full-disk cases mount a small tmpfs: root only (and a kernel that lets us)."""
     if os.geteuid() != 0:
         return False, "not root: full-disk cases (tmpfs) were not run"
+    with tempfile.TemporaryDirectory() as probe:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", probe],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            why = done.stderr.strip()[:80]
+            return False, f"tmpfs cannot be mounted here ({why}): full-disk cases not run"
+        subprocess.run(["umount", probe], check=False)
     return True, ""

@@ -98,6 +98,9 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="one case per family")
     p.add_argument("--list", action="store_true", help="print the case names and stop")
     p.add_argument("--timeout", type=float, default=120, help="seconds per case (default 120)")
+    p.add_argument(
+        "--slow", type=float, default=40, help="seconds a hostile-size case may take (default 40)"
+    )
     p.add_argument("--parallel", type=int, default=1, help="cases side by side (default 1)")
     p.add_argument("--keep", help="work here and keep it (bases, cases, logs)")
     p.add_argument("--json", help="write every case's result here")
@@ -192,6 +195,11 @@ def prepare(project: Path, base: Path, formats: list[str], cases: list, args) ->
         steps = sorted((ctx.runs / name).glob("step-*.pt"))
         if steps:
             ctx.steps[name] = int(steps[-1].stem.split("-")[1])
+    full = base / "full.pt"  # the newest sharded checkpoint consolidated, to compare against
+    if "fsdp" in ctx.prepared and not full.is_file():
+        newest = max((ctx.runs / "fsdp").glob("step-*.pt"))
+        cmd = fc.py("consolidate", "--checkpoint", str(newest), "--out", str(full))
+        run_base(ctx, "the consolidated fsdp checkpoint", cmd, args.timeout)
     ready.write_text(json.dumps([ctx.prepared, ctx.sizes, ctx.steps]))
     return ctx
 
@@ -254,12 +262,15 @@ def run_case(ctx: Context, case, folder: Path, args) -> dict:
             return result(case, "SKIPPED", plan.skip, None)
         before = {p: digest(p) for p in plan.keep + plan.keep_refused}
         res = execute(ctx, plan, args.timeout)
-        reason = judge(plan, res, before, args.timeout)
+        reason = judge(plan, res, before, args)
         (folder / "output.txt").write_text(f"{plan.cmd}\nrc={res.rc}\n{res.out}\n--\n{res.err}")
         return result(case, "FAIL" if reason else "CLEAN", reason, res)
+    except Exception as exc:  # the driver's own fault (a copy, a mount): shown, counted
+        return result(case, "FAIL", f"driver error: {type(exc).__name__}: {exc}", None)
     finally:
-        for mount in plan.mounts if plan else []:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+        for mount in {*(plan.mounts if plan else []), folder / "disk"}:
+            if os.path.ismount(mount):  # the case's tmpfs, also when its prepare failed
+                subprocess.run(["umount", "-l", str(mount)], check=False)
             MOUNTED.discard(str(mount))
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
@@ -349,11 +360,11 @@ def digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
-def judge(plan, res: Outcome, before: dict, timeout: float) -> str | None:
+def judge(plan, res: Outcome, before: dict, args) -> str | None:
     """The reason a case did not end clean, or None."""
     text = res.out + "\n" + res.err
     if res.rc is None:
-        return f"hang: no exit in {timeout:.0f}s"
+        return f"hang: no exit in {args.timeout:.0f}s"
     if res.rc < 0:
         return f"killed by signal: {signal.Signals(-res.rc).name}"
     if "Traceback" in text:
@@ -380,8 +391,8 @@ def judge(plan, res: Outcome, before: dict, timeout: float) -> str | None:
         )
         if left:
             return f"temp file left: {left[0]}"
-    if plan.slow_s and res.seconds > plan.slow_s:
-        return f"slow: {res.seconds:.0f}s, over {plan.slow_s:.0f}s"
+    if plan.timed and res.seconds > args.slow:
+        return f"slow: {res.seconds:.0f}s, over {args.slow:.0f}s"
     return plan.check(res) if plan.check else None
 
 
@@ -408,6 +419,12 @@ def shorten(line: str) -> str:
 # ---- the summary -------------------------------------------------------------------------
 
 
+def group(reason: str) -> str:
+    """Reasons that differ only in numbers after the first ':' (positions, sizes) group."""
+    head, colon, detail = reason.partition(": ")
+    return (head + colon + re.sub(r"(?<![\w-])\d+(\.\d+)?(?!\w)", "N", detail))[:110]
+
+
 def summarise(results: list[dict], ctx: Context, elapsed: float, args) -> int:
     ran = [r for r in results if r["outcome"] != "SKIPPED"]
     failures = [r for r in ran if r["outcome"] == "FAIL"]
@@ -419,8 +436,7 @@ def summarise(results: list[dict], ctx: Context, elapsed: float, args) -> int:
         print("not run: onnx export cases (pip install onnx onnxscript onnxruntime)")
     groups = collections.defaultdict(list)
     for r in failures:
-        head, _, detail = r["reason"].partition(": ")
-        groups[head + ": " + re.sub(r"\d+(\.\d+)?", "N", detail)].append(r["case"])
+        groups[group(r["reason"])].append(r["case"])
     for reason, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(names):3d} x {reason}\n        {', '.join(names)}")
     if args.json:

@@ -1,0 +1,717 @@
+"""The fault cases of fault_tools.py: what each one damages, the command it runs on the damage
+and what a clean ending is. Each case's `prepare(ctx, folder)` builds its own fresh copy of
+what it damages inside `folder` and returns a Plan; fault_tools.py runs and judges it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import random
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The baked tests' TINY overrides (tests/conftest.py), one thread: a run takes seconds.
+TINY = [
+    "data.train_size=256",
+    "data.val_size=96",
+    "data.image_size=8",
+    "data.num_classes=4",
+    "model.width=8",
+    "train.batch_size=16",
+    "train.epochs=2",
+    "train.warmup_steps=2",
+    "run.log_every=4",
+    "run.loggers=[csv]",
+    "run.device=cpu",
+    "run.threads=1",
+]
+MLP = [*TINY[4:], "model.name=mlp"]  # the CSV and tensor-file runs: no image settings
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+KiB = 1024
+
+
+@dataclass
+class Plan:
+    """One command on one damaged copy, and what a clean ending of it is."""
+
+    cmd: list[str]  # after the interpreter: a script and its arguments, or TORCHRUN + ...
+    expect: tuple[int, ...]  # the documented exit codes of a clean ending
+    keep: list[Path] = field(default_factory=list)  # byte-identical afterwards, whatever the exit
+    keep_refused: list[Path] = field(default_factory=list)  # byte-identical unless exit 0
+    clean: list[Path] = field(default_factory=list)  # folders that must hold no temp files
+    check: Callable[[object], str | None] | None = None  # a case's own check: a reason or None
+    fsize: int | None = None  # RLIMIT_FSIZE of the command, bytes
+    memory: int | None = None  # RLIMIT_AS of the command, bytes (hostile sizes)
+    signals: list[tuple[str | None, float, int]] = field(default_factory=list)
+    timed: bool = False  # a clean ending slower than fault_tools.py --slow is a failure
+    torchrun: bool = False  # several processes write stderr: the one-line rule does not apply
+    mounts: list[Path] = field(default_factory=list)  # tmpfs to unmount afterwards
+    skip: str | None = None  # why the case cannot run here (not a failure)
+
+
+@dataclass
+class Case:
+    name: str
+    family: str
+    needs: tuple[str, ...]  # the prepared bases it copies: syn, cls, reg, fsdp, sweep
+    prepare: Callable[[object, Path], Plan]
+
+
+def py(script: str, *args: str) -> list[str]:
+    return [f"scripts/{script}.py", *args]
+
+
+# ---- copies and damage ------------------------------------------------------------------
+
+
+def copy_runs(ctx, folder: Path, *names: str) -> Path:
+    """Copy base runs (and runs.csv) to folder/runs, hard links kept, the base's output_dir
+    rewritten in the text files so that the copy is a run folder of its own."""
+    runs = folder / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    for name in (*names, "runs.csv"):
+        src = ctx.runs / name
+        if src.exists():
+            subprocess.run(["cp", "-a", str(src), str(runs)], check=True)
+    for path in runs.rglob("*"):
+        if path.suffix in (".yaml", ".json", ".csv") and path.is_file():
+            data = path.read_bytes()
+            new = data.replace(str(ctx.runs).encode(), str(runs).encode())
+            if new != data:
+                path.write_bytes(new)
+    return runs
+
+
+def damage(path: Path, how: str) -> None:
+    """Truncate, insert non-UTF-8 bytes, non-numeric cells, empty or delete a record file."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "non-utf8":
+        cut = len(data) // 2
+        path.write_bytes(data[:cut] + b"\xff\xfe\x80\xc3(" + data[cut:])
+    elif how == "non-numeric":
+        lines = data.decode().splitlines()
+        if path.suffix == ".yaml":
+            lines = [ln.replace("lr: 0.003", "lr: three") for ln in lines]
+            lines = [ln.replace("epochs: 2", "epochs: two") for ln in lines]
+        else:  # every cell of the last row but the first two
+            cells = lines[-1].split(",")
+            lines[-1] = ",".join(cells[:2] + ["abc"] * (len(cells) - 2))
+        path.write_text("\n".join(lines) + "\n")
+    elif how == "emptied":
+        path.write_bytes(b"")
+    elif how == "zeroed":
+        path.write_bytes(b"\0" * len(data))
+    elif how == "deleted":
+        path.unlink()
+    else:
+        raise ValueError(how)
+
+
+def resumed_from(run: Path, step: int | None = None) -> Callable[[object], str | None]:
+    """A resume after damage: it continued from a checkpoint (the newest unless `step`
+    says which), started nothing fresh, set no checkpoint aside."""
+
+    def check(res) -> str | None:
+        bad = sorted(p.name for p in run.rglob("*.bad"))
+        if bad:
+            return f"checkpoint set aside: {', '.join(bad)}"
+        want = f"resumed at step {step}" if step is not None else "resumed at step"
+        if want not in res.out:
+            return f"did not resume: no '{want}' in the output"
+        if not (run / "last.pt").is_file():
+            return "lost: last.pt"
+        return None
+
+    return check
+
+
+def no_new_files(folder: Path) -> Callable[[object], str | None]:
+    """A refused command writes nothing (an empty run folder or its lock file aside)."""
+
+    def check(res) -> str | None:
+        if res.rc == 0 or not folder.exists():
+            return None
+        made = [p for p in folder.rglob("*") if p.is_file() and p.name != ".lock"]
+        return f"wrote files though refused: {made[0].name}" if made else None
+
+    return check
+
+
+# ---- control: the commands work on undamaged copies -------------------------------------
+
+
+def control_cases() -> list[Case]:
+    def resume(ctx, folder):
+        runs = copy_runs(ctx, folder, "syn")
+        cmd = py("train", *TINY, "run.name=syn", f"run.output_dir={runs}")
+        cmd += ["train.epochs=3", "train.resume=auto"]
+        return Plan(cmd, (0,), clean=[runs], check=resumed_from(runs / "syn", ctx.steps["syn"]))
+
+    def predict(ctx, folder):
+        out = folder / "preds.csv"
+        table = write_table(folder / "rows.csv", ctx.cls_table, rows=8)
+        return Plan(
+            py("predict", "--checkpoint", best(ctx, folder, "cls"), str(table), "--out", str(out)),
+            (0,),
+            check=lambda res: None if out.is_file() else "no predictions written",
+        )
+
+    def export(ctx, folder):
+        runs = copy_runs(ctx, folder, "syn")
+        cmd = py("export", "--checkpoint", str(runs / "syn/best.pt"), "--format", "torchscript")
+        return Plan(cmd, (0,), clean=[runs / "syn"])
+
+    def predict_pt(ctx, folder):
+        import torch
+
+        torch.save({"x": torch.randn(6, *ctx.sample_shape)}, folder / "inputs.pt")
+        plan = _predict_plan(ctx, folder, "syn", [str(folder / "inputs.pt")])
+        plan.expect = (0,)
+        return plan
+
+    return [
+        Case("control-resume", "control", ("syn",), resume),
+        Case("control-predict-csv", "control", ("cls",), predict),
+        Case("control-predict-pt", "control", ("syn",), predict_pt),
+        Case("control-export", "control", ("syn",), export),
+    ]
+
+
+def best(ctx, folder: Path, run: str) -> str:
+    """A private copy of a base run's best.pt (predict must leave it as it was)."""
+    dst = folder / f"{run}-best.pt"
+    subprocess.run(["cp", "-a", str(ctx.runs / run / "best.pt"), str(dst)], check=True)
+    return str(dst)
+
+
+# ---- export under a file-size limit and on a full disk ----------------------------------
+
+
+def export_cases(formats: list[str]) -> list[Case]:
+    """Limits and free space are bytes, or "under"/"half"/"size": the artifact's size less one
+    byte, half of it, all of it (known once the base artifacts exist)."""
+    cases = []
+    for fmt in formats:
+        for label, limit in (("0", 0), ("4k", 4 * KiB), ("64k", 64 * KiB), ("under", "under")):
+            cases.append(
+                Case(f"export-{fmt}-fsize-{label}", "export-fsize", ("syn",), _fsize(fmt, limit))
+            )
+        for label, slack in (
+            ("full", 0),
+            ("8k-free", 8 * KiB),
+            ("half-free", "half"),
+            ("room-for-artifact-not-json", "size"),
+        ):
+            cases.append(
+                Case(f"export-{fmt}-disk-{label}", "export-disk", ("syn",), _disk(fmt, slack))
+            )
+    return cases
+
+
+def _bytes(ctx, fmt: str, n) -> int:
+    size = ctx.sizes[fmt]
+    return {"under": size - 1, "half": size // 2, "size": size}.get(n, n)
+
+
+def _fsize(fmt: str, limit):
+    def prepare(ctx, folder):
+        limit_ = _bytes(ctx, fmt, limit)
+        runs = copy_runs(ctx, folder, "syn")
+        run = runs / "syn"
+        artifact = run / ctx.artifacts[fmt]
+        cmd = py("export", "--checkpoint", str(run / "best.pt"), "--format", fmt)
+        expect = (2,) if limit_ < ctx.sizes[fmt] else (0, 2)
+        keep = [run / "best.pt"]
+        return Plan(
+            cmd, expect, keep=keep, keep_refused=_with_json(artifact), clean=[run], fsize=limit_
+        )
+
+    return prepare
+
+
+def _disk(fmt: str, slack):
+    def prepare(ctx, folder):
+        disk = folder / "disk"
+        name = ctx.artifacts[fmt]
+        artifact = ctx.runs / "syn" / name
+        if not ctx.can_mount:
+            return Plan([], (), skip=ctx.can_mount_why)
+        used = sum(_pages(p.stat().st_size) for p in _with_json(artifact))
+        used += _pages(_bytes(ctx, fmt, slack))
+        disk.mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={used}", "tmpfs", str(disk)],
+            check=True,
+        )
+        for path in _with_json(artifact):
+            subprocess.run(["cp", "-a", str(path), str(disk)], check=True)
+        ckpt = best(ctx, folder, "syn")
+        cmd = py("export", "--checkpoint", ckpt, "--format", fmt, "--out", str(disk / name))
+        return Plan(
+            cmd,
+            (0, 2),
+            keep=[Path(ckpt)],
+            keep_refused=_with_json(disk / name),
+            clean=[disk],
+            mounts=[disk],
+        )
+
+    return prepare
+
+
+def _with_json(artifact: Path) -> list[Path]:
+    return [artifact, artifact.with_name(artifact.name + ".json")]
+
+
+def _pages(n: int) -> int:
+    return -(-n // 4096) * 4096
+
+
+# ---- the run's records damaged, then resumed ---------------------------------------------
+
+
+def record_cases() -> list[Case]:
+    cases = []
+    for record in ("metrics.csv", "runs.csv", "config.yaml"):
+        for how in ("truncated", "non-utf8", "non-numeric", "emptied", "deleted"):
+            name = f"records-{record.split('.')[0]}-{how}"
+            cases.append(Case(name, "records", ("syn",), _record(record, how)))
+    cases.append(Case("records-refused-override", "records", ("syn",), _refused_override))
+    for record in ("metrics.csv", "config.yaml"):
+        name = f"records-compare-{record.split('.')[0]}-non-utf8"
+        cases.append(Case(name, "records", ("syn", "cls"), _compare(record)))
+    return cases
+
+
+def _record(record: str, how: str):
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "syn")
+        run = runs / "syn"
+        damage(runs / record if record == "runs.csv" else run / record, how)
+        cmd = py("train", *TINY, "run.name=syn", f"run.output_dir={runs}")
+        cmd += ["train.epochs=3", "train.resume=auto"]
+        return Plan(cmd, (0,), clean=[runs], check=resumed_from(run, ctx.steps["syn"]))
+
+    return prepare
+
+
+def _refused_override(ctx, folder):
+    """run.seed cannot change on resume: refused, and config.yaml and the checkpoints stay."""
+    runs = copy_runs(ctx, folder, "syn")
+    run = runs / "syn"
+    cmd = py("train", *TINY, "run.name=syn", f"run.output_dir={runs}")
+    cmd += ["train.epochs=3", "train.resume=auto", "run.seed=7", "train.lr=0.001"]
+    kept = [run / n for n in ("config.yaml", "best.pt", "last.pt", "metrics.csv")]
+    return Plan(cmd, (2,), keep=kept, clean=[runs])
+
+
+def _compare(record: str):
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "syn", "cls")
+        damage(runs / "syn" / record, "non-utf8")
+        cmd = py("compare_runs", str(runs / "syn"), str(runs / "cls"))
+        cmd += ["--out", str(folder / "compare.png")]
+        return Plan(cmd, (0,), keep=[runs / "cls/config.yaml"], clean=[runs])
+
+    return prepare
+
+
+# ---- damaged DCP shards -----------------------------------------------------------------
+
+
+def dcp_cases() -> list[Case]:
+    cases = []
+    for tag, target, how in (
+        ("shard0-truncated", "__0_0.distcp", "truncated"),
+        ("shard0-zeroed", "__0_0.distcp", "zeroed"),
+        ("shard1-deleted", "__1_0.distcp", "deleted"),
+        ("metadata-truncated", ".metadata", "truncated"),
+    ):
+        cases.append(Case(f"dcp-{tag}-resume", "dcp", ("fsdp",), _dcp(target, how, "resume")))
+        cases.append(Case(f"dcp-{tag}-consolidate", "dcp", ("fsdp",), _dcp(target, how, "cons")))
+    return cases
+
+
+def _dcp(target: str, how: str, tool: str):
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "fsdp")
+        run = runs / "fsdp"
+        newest = max(run.glob("step-*.dcp"))
+        damage(newest / target, how)
+        if tool == "resume":
+            cmd = [*TORCHRUN, *py("train", *TINY, "train.strategy=fsdp", "run.name=fsdp")]
+            cmd += [f"run.output_dir={runs}", "train.epochs=3", "train.resume=auto"]
+            return Plan(cmd, (0,), clean=[runs], torchrun=True, check=_fell_back(run))
+        out = folder / "full.pt"
+        cmd = py("consolidate", "--checkpoint", str(newest.with_suffix(".pt")), "--out", str(out))
+        kept = [p for p in run.rglob("*") if p.is_file()]
+        check = _names(target, out, ctx.base / "full.pt")
+        return Plan(cmd, (0, 2), keep=kept, clean=[run, folder], check=check)
+
+    return prepare
+
+
+def _fell_back(run: Path):
+    def check(res) -> str | None:
+        if "resumed at step" not in res.out:
+            return "did not resume: no 'resumed at step' in the output"
+        return None
+
+    return check
+
+
+def _names(target: str, out: Path, good: Path):
+    """Refused: the line names the damaged file. Written (the model's tensors can sit in the
+    shard's intact part; the optimizer's are not read): the model equals the undamaged one."""
+
+    def check(res) -> str | None:
+        if res.rc == 2 and target not in res.err and ".dcp" not in res.err:
+            return "error line names no file"
+        if res.rc == 0 and not same_tensors(_load(out), _load(good)):
+            return "silently wrong: the consolidated model differs from the undamaged one"
+        return None
+
+    return check
+
+
+def _load(path: Path):
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def same_tensors(a, b) -> bool:
+    """The tensors of two loaded checkpoints are equal (other values are not compared)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = {k for k in a.keys() | b.keys() if _has_tensor(a.get(k)) or _has_tensor(b.get(k))}
+        return all(same_tensors(a.get(k), b.get(k)) for k in keys)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(same_tensors, a, b))
+    return True
+
+
+def _has_tensor(x) -> bool:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, dict):
+        return any(map(_has_tensor, x.values()))
+    return isinstance(x, (list, tuple)) and any(map(_has_tensor, x))
+
+
+# ---- hostile sizes -----------------------------------------------------------------------
+
+BOMB = "\n".join(
+    [f"a0: &a0 [{', '.join(['lol'] * 9)}]"]
+    + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+)
+
+
+def hostile_cases() -> list[Case]:
+    return [
+        Case("hostile-yaml-alias-bomb-top", "hostile", (), _config(BOMB + "\n")),
+        Case("hostile-yaml-alias-bomb-value", "hostile", (), _config(_bomb_value())),
+        Case("hostile-config-1mb-name", "hostile", (), _config(f"run:\n  name: {'n' * 2**20}\n")),
+        Case(
+            "hostile-config-1mb-number",
+            "hostile",
+            (),
+            _config(f"model:\n  width: {'9' * 2**20}\n"),
+        ),
+        Case("hostile-override-120k-name", "hostile", (), _override("run.name=" + "n" * 120_000)),
+        Case(
+            "hostile-override-120k-number", "hostile", (), _override("train.lr=" + "9" * 120_000)
+        ),
+        Case("hostile-tensor-huge-label", "hostile", (), _tensors(8, 2_000_000_000)),
+        Case("hostile-tensor-zero-features", "hostile", (), _tensors(0, 1)),
+        Case("hostile-csv-20k-columns", "hostile", (), _wide_csv(20_000)),
+        Case("hostile-csv-100k-columns", "hostile", (), _wide_csv(100_000)),
+    ]
+
+
+def _bomb_value() -> str:
+    lines = ["run:", "  name:"]
+    lines += ["  - " + line for line in BOMB.replace(": &", ": &").splitlines()]
+    return "\n".join(lines) + "\n  - *a8\n"
+
+
+def _limits(folder: Path, cmd: list[str], expect=(2,)) -> Plan:
+    return Plan(
+        cmd,
+        expect,
+        memory=8 * 2**30,
+        timed=True,
+        clean=[folder],
+        check=no_new_files(folder / "runs"),
+    )
+
+
+def _config(text: str):
+    def prepare(ctx, folder):
+        config = folder / "hostile.yaml"
+        config.write_text(text)
+        return _limits(folder, py("train", "--config", str(config), *TINY, _out(folder)))
+
+    return prepare
+
+
+def _override(value: str):
+    def prepare(ctx, folder):
+        return _limits(folder, py("train", *TINY, value, _out(folder)))
+
+    return prepare
+
+
+def _out(folder: Path) -> str:
+    return f"run.output_dir={folder / 'runs'}"
+
+
+def _tensors(features: int, label: int):
+    def prepare(ctx, folder):
+        import torch
+
+        data = folder / "data"
+        data.mkdir()
+        y = torch.arange(64) % 2
+        y[5] = label
+        torch.save({"x": torch.randn(64, features), "y": y}, data / "train.pt")
+        cmd = py("train", *MLP, "data.name=tensors", f"data.root={data}", _out(folder))
+        check = _not_memory(no_new_files(folder / "runs"))
+        plan = _limits(folder, cmd)
+        plan.check = check
+        return plan
+
+    return prepare
+
+
+def _not_memory(inner):
+    def check(res) -> str | None:
+        if res.rc == 2 and "memory" in res.err.lower():
+            return "blamed on memory instead of the labels"
+        return inner(res)
+
+    return check
+
+
+def _wide_csv(columns: int):
+    def prepare(ctx, folder):
+        table = folder / "wide.csv"
+        rng = random.Random(columns)
+        with table.open("w") as f:
+            f.write(",".join(f"c{i}" for i in range(columns)) + ",label\n")
+            for r in range(24):
+                cells = [f"{rng.random():.2f}" for _ in range(columns)]
+                f.write(",".join(cells) + f",{'ab'[r % 2]}\n")
+        cmd = py("train", *MLP, "model.width=4", "train.epochs=1", "data.name=csv")
+        cmd += [f"data.path={table}", "data.label=label", "run.name=wide", _out(folder)]
+        return Plan(cmd, (0, 2), memory=8 * 2**30, timed=True, clean=[folder])
+
+    return prepare
+
+
+# ---- bad predict inputs -----------------------------------------------------------------
+
+
+def write_table(path: Path, header_rows: tuple[list[str], list[list[str]]], rows: int) -> Path:
+    header, body = header_rows
+    path.write_text("\n".join([",".join(header)] + [",".join(r) for r in body[:rows]]) + "\n")
+    return path
+
+
+def predict_cases() -> list[Case]:
+    csv_edits = {
+        "missing-column": lambda h, b: ([c for c in h if c != "f2"], [r[:2] + r[3:] for r in b]),
+        "ragged-row": lambda h, b: (h, [b[0], b[1][:-2], *b[2:]]),
+        "nan": lambda h, b: (h, [b[0], ["nan", *b[1][1:]], *b[2:]]),
+        "inf": lambda h, b: (h, [b[0], [b[1][0], "inf", *b[1][2:]], *b[2:]]),
+        "text-cell": lambda h, b: (h, [b[0], ["abc", *b[1][1:]], *b[2:]]),
+        "unknown-label": lambda h, b: (h, [b[0], [*b[1][:-1], "zebra"], *b[2:]]),
+        "huge-field": lambda h, b: (h, [b[0], ["1" * 100_000, *b[1][1:]], *b[2:]]),
+        "duplicate-column": lambda h, b: (
+            [*h[:-1], "f0", h[-1]],
+            [[*r[:-1], "0", r[-1]] for r in b],
+        ),
+    }
+    cases = [
+        Case(f"predict-csv-{k}", "predict", ("cls",), _predict_csv("cls", f))
+        for k, f in csv_edits.items()
+    ]
+    cases.append(Case("predict-csv-non-utf8", "predict", ("cls",), _predict_csv("cls", None)))
+    nan = _predict_csv("reg", csv_edits["nan"])
+    cases.append(Case("predict-reg-nan", "predict", ("reg",), nan))
+    for kind in ("text", "pickle", "label-out-of-range", "wrong-shape", "int-x", "nan"):
+        cases.append(Case(f"predict-pt-{kind}", "predict", ("syn",), _predict_pt(kind)))
+    for name, args in (
+        ("batch-size-0", ["--split", "val", "--batch-size", "0"]),
+        ("batch-size-negative", ["--split", "val", "--batch-size", "-3"]),
+        ("device-nonsense", ["--split", "val", "--device", "nonsense"]),
+        ("temperature-nan", ["--split", "val", "--temperature", "nan"]),
+        ("files-with-split-val", ["--split", "val", "ROWS"]),
+    ):
+        cases.append(Case(f"predict-{name}", "predict", ("cls",), _predict_args(args)))
+    return cases
+
+
+def _predict_plan(ctx, folder: Path, run: str, inputs: list[str]) -> Plan:
+    ckpt = best(ctx, folder, run)
+    out = folder / "preds.csv"
+    out.write_text("an earlier prediction file\n")
+    cmd = py("predict", "--checkpoint", ckpt, *inputs, "--out", str(out))
+    return Plan(cmd, (2,), keep=[Path(ckpt)], keep_refused=[out], clean=[folder])
+
+
+def _predict_csv(run: str, edit):
+    def prepare(ctx, folder):
+        header, body = ctx.cls_table if run == "cls" else ctx.reg_table
+        path = folder / "rows.csv"
+        if edit is None:
+            write_table(path, (header, body), rows=6)
+            data = path.read_bytes()
+            path.write_bytes(data.replace(b"\n", b"\n\xe9", 1))  # a Latin-1 byte
+        else:
+            write_table(path, edit(list(header), [list(r) for r in body[:6]]), rows=6)
+        return _predict_plan(ctx, folder, run, [str(path)])
+
+    return prepare
+
+
+class _Opaque:  # a pickled object of a class weights_only loading does not allow
+    pass
+
+
+def _predict_pt(kind: str):
+    def prepare(ctx, folder):
+        import torch
+
+        path = folder / "inputs.pt"
+        x = torch.randn(6, *ctx.sample_shape)
+        if kind == "text":
+            path.write_text("these are not tensors\n")
+        elif kind == "pickle":
+            with path.open("wb") as f:
+                pickle.dump({"x": x, "y": _Opaque()}, f, protocol=2)
+        elif kind == "label-out-of-range":
+            torch.save({"x": x, "y": torch.tensor([0, 1, 2, 3, 99, 0])}, path)
+        elif kind == "wrong-shape":
+            torch.save({"x": torch.randn(6, 5)}, path)
+        elif kind == "int-x":
+            torch.save({"x": torch.randint(0, 255, (6, *ctx.sample_shape))}, path)
+        elif kind == "nan":
+            x[2].view(-1)[0] = math.nan
+            torch.save({"x": x}, path)
+        return _predict_plan(ctx, folder, "syn", [str(path)])
+
+    return prepare
+
+
+def _predict_args(args: list[str]):
+    def prepare(ctx, folder):
+        rows = write_table(folder / "rows.csv", ctx.cls_table, rows=6)
+        return _predict_plan(ctx, folder, "cls", [str(rows) if a == "ROWS" else a for a in args])
+
+    return prepare
+
+
+# ---- sweeps ------------------------------------------------------------------------------
+
+SWEEP_FIXED = [*TINY[2:], "data.train_size=128", "data.val_size=32", "train.epochs=1"]
+SWEEP_AXIS = "train.lr=1e-3,3e-3"
+
+
+def sweep_cases() -> list[Case]:
+    cases = [
+        Case("sweep-report-alone", "sweep", ("sweep",), _sweep(None, "report")),
+        Case("sweep-rerun-intact", "sweep", ("sweep",), _sweep(None, "rerun")),
+    ]
+    for how in ("truncated", "invalid", "missing-trials", "non-utf8", "emptied", "deleted"):
+        for mode in ("report", "rerun"):
+            cases.append(Case(f"sweep-json-{how}-{mode}", "sweep", ("sweep",), _sweep(how, mode)))
+    return cases
+
+
+def _sweep(how: str | None, mode: str):
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "sw")
+        manifest = runs / "sw" / "sweep.json"
+        if how == "invalid":
+            manifest.write_text('{"config": null, "fixed": [,]}')
+        elif how == "missing-trials":
+            manifest.write_text(
+                json.dumps(
+                    {k: v for k, v in json.loads(manifest.read_text()).items() if k != "trials"}
+                )
+            )
+        elif how is not None:
+            damage(manifest, how)
+        out = f"run.output_dir={runs}"
+        if mode == "report":
+            cmd = py("sweep", "--name", "sw", "--report", out)
+        else:  # the command that made it (the bases' sweep), in the same order
+            cmd = py("sweep", "--name", "sw", *SWEEP_FIXED, SWEEP_AXIS, out)
+        expect = (0,) if how is None else (0, 2)
+        keep = [manifest] if manifest.exists() else []
+        return Plan(cmd, expect, keep_refused=keep, clean=[runs])
+
+    return prepare
+
+
+# ---- stop signals ------------------------------------------------------------------------
+
+
+def signal_cases() -> list[Case]:
+    cases = []
+    for delay in (0.1, 0.3, 0.6, 1.0):
+        steps = [("epoch 1/", 0.2, signal.SIGTERM), (None, delay, signal.SIGTERM)]
+        cases.append(Case(f"signal-second-term-{delay}s", "signal", (), _stopped(steps)))
+    for delay in (0.5, 1.0, 2.0, 4.0):
+        steps = [(None, delay, signal.SIGTERM)]
+        cases.append(Case(f"signal-term-at-start-{delay}s", "signal", (), _stopped(steps)))
+    return cases
+
+
+def _stopped(steps):
+    def prepare(ctx, folder):
+        cmd = py("train", *TINY, "train.epochs=60", "run.name=sig", _out(folder))
+        return Plan(cmd, (75,), signals=steps, clean=[folder])
+
+    return prepare
+
+
+def all_cases(formats: list[str]) -> list[Case]:
+    return [
+        *control_cases(),
+        *export_cases(formats),
+        *record_cases(),
+        *dcp_cases(),
+        *hostile_cases(),
+        *predict_cases(),
+        *sweep_cases(),
+        *signal_cases(),
+    ]
+
+
+def can_mount() -> tuple[bool, str]:
+    """Full-disk cases mount a small tmpfs: root only (and a kernel that lets us)."""
+    if os.geteuid() != 0:
+        return False, "not root: full-disk cases (tmpfs) were not run"
+    with tempfile.TemporaryDirectory() as probe:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", probe],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            why = done.stderr.strip()[:80]
+            return False, f"tmpfs cannot be mounted here ({why}): full-disk cases not run"
+        subprocess.run(["umount", probe], check=False)
+    return True, ""

@@ -299,6 +299,19 @@ def test_a_truncated_shard_falls_back_to_the_previous_checkpoint_and_consolidate
 
 
 @pytest.mark.slow
+def test_a_shard_overwritten_at_full_length_is_named_damaged_not_a_mismatch(tiny):
+    """Zeroed bytes keep the size .metadata records: only the read finds them, and the line
+    must say the file is damaged (not that the model settings differ) and how to go back."""
+    args = [*tiny, "train.strategy=fsdp", "model.name=mlp", "train.epochs=1"]
+    fit(load_config(None, [*args, "train.max_steps=2"]))
+    run_dir = Path(load_config(None, tiny).run.output_dir) / "default"
+    for shard in (run_dir / "step-00000002.dcp").glob("*.distcp"):
+        shard.write_bytes(bytes(shard.stat().st_size))
+    with pytest.raises(CheckpointError, match="has a damaged shard file .*previous checkpoint"):
+        fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
+
+
+@pytest.mark.slow
 def test_a_non_finite_loss_under_fsdp_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny):
     x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
     for name, inputs in (("good", x), ("bad", torch.full_like(x, float("nan")))):

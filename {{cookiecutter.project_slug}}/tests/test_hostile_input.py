@@ -46,6 +46,15 @@ def test_a_few_aliases_still_read():
     assert with_aliases.train.epochs == with_aliases.train.warmup_steps == 4
 
 
+def test_a_number_too_long_to_convert_is_one_line(tmp_path, tiny, capsys):
+    # Python refuses to convert integers of more than 4300 digits (a ValueError inside YAML).
+    config = write(tmp_path / "long.yaml", f"train:\n  epochs: {'9' * 100_000}\n")
+    code, err = train([*tiny, "--config", str(config)], capsys)
+    assert_one_line(code, err, f"config file {str(config)!r} holds a value that cannot be read")
+    code, err = train([*tiny, f"train.epochs={'9' * 10_000}"], capsys)
+    assert_one_line(code, err, "override 'train.epochs=999")
+
+
 BIG = "x" * 200_000
 
 

@@ -70,6 +70,12 @@ def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
     try:
         _read({"model": model_state, "optimizer": optimizer_state}, state["shards"])
     except Exception as exc:  # _read: every rank's failure, gathered by DCP
+        if _damaged(exc):  # bytes overwritten at full length: the size check cannot see it
+            raise CheckpointError(
+                f"sharded checkpoint {state['shards']!r} has a damaged shard file "
+                f"({first_line(exc, 120)}); rename it and its step-N.pt aside to resume from "
+                "the previous checkpoint"
+            ) from None
         raise CheckpointError(
             f"sharded checkpoint {state['shards']!r} does not load into this run "
             f"({first_line(exc, 200)}); use the model.* settings it was trained with"
@@ -131,6 +137,16 @@ def _read(state: dict, folder: str) -> None:
         failures = list(getattr(exc, "failures", {}).values())
         first = getattr(failures[0], "exc", failures[0]) if failures else exc
         raise RuntimeError(f"{type(first).__name__}: {first_line(first, 160)}") from None
+
+
+# What reading a shard whose bytes are not what DCP wrote raises (as _read names it), as
+# opposed to a model that does not match (missing keys, other sizes).
+_DAMAGE = ("UnpicklingError", "EOFError", "BadZipFile", "Weights only load failed",
+           "PytorchStreamReader")  # fmt: skip
+
+
+def _damaged(exc: Exception) -> bool:
+    return any(sign in str(exc) for sign in _DAMAGE)
 
 
 def _replace_folder(tmp: Path, final: Path) -> None:

@@ -98,6 +98,8 @@ def load_yaml(text: str, what: str) -> Any:
                 "write the values out instead of repeating anchors (&name)"
             )
         return loader.construct_document(node)
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise ConfigError(f"{what} holds a value that cannot be read: {exc}") from None
     finally:
         loader.dispose()
 

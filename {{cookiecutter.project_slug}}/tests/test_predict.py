@@ -250,6 +250,7 @@ BAD_OPTIONS = [
     (["--split", "val", "good.csv"], "--split val reads the run's own split: leave out"),
     (["--prompt", "ab", "--temperature", "nan"], "--temperature must be >= 0"),
     (["--prompt", "ab", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["good.csv", "--temperature", "nan"], "--temperature must be >= 0"),  # checked, if unused
     (["--prompt", "ab", "--top-k", "-2"], "--top-k must be >= 0"),
     (["--prompt", "ab", "--tokens", "-1"], "--tokens must be >= 0"),
     (["--prompt", "ab", "good.csv"], "--prompt continues text: leave out"),

@@ -255,6 +255,9 @@ def predict_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> int:
+        # Every option is checked, used or not: a nan given for --prompt's sampling must not
+        # pass silently because this checkpoint predicts rows instead.
+        check_options(temperature=args.temperature, top_k=args.top_k)
         if args.prompt is not None:
             if args.inputs or args.split:
                 given = repr(args.inputs[0]) if args.inputs else f"--split {args.split}"

@@ -367,8 +367,10 @@ def judge(plan, res: Outcome, before: dict, args) -> str | None:
         return f"hang: no exit in {args.timeout:.0f}s"
     if res.rc < 0:
         return f"killed by signal: {signal.Signals(-res.rc).name}"
-    if "Traceback" in text:
+    if "Traceback" in (ranks_output(text) if plan.torchrun else text):
         return f"traceback: {root_error(text)}"
+    if plan.torchrun and res.rc == 2 and not re.search(r"^(\[\w+\]:)?error: ", text, re.M):
+        return f"exit 2 under torchrun without an error: line: {first_line(res.err)}"
     if ABORT.search(text):
         return f"abort: {ABORT.search(text).group(0)}"
     if res.rc not in plan.expect:
@@ -394,6 +396,13 @@ def judge(plan, res: Outcome, before: dict, args) -> str | None:
     if plan.timed and res.seconds > args.slow:
         return f"slow: {res.seconds:.0f}s, over {args.slow:.0f}s"
     return plan.check(res) if plan.check else None
+
+
+def ranks_output(text: str) -> str:
+    """What the ranks printed, without torchrun's own report of a failed rank (its agent's
+    "failed (exitcode: N)" line and ChildFailedError traceback): torchrun prints that for
+    every non-zero exit, a rank's one-line refusal included."""
+    return re.split(r"\n[^\n]*elastic/multiprocessing/api\.py[^\n]*failed \(exitcode", text)[0]
 
 
 def root_error(text: str) -> str:

@@ -116,3 +116,19 @@ def test_one_case_end_to_end_is_clean(tmp_path):
     assert "1 cases, 0 failures" in done.stdout
     [res] = json.loads(out.read_text())["results"]
     assert (res["case"], res["outcome"], res["rc"]) == ("control-predict-csv", "CLEAN", 0)
+
+
+TORCHRUN_REPORT = """E1201 12:00:00 123 torch/distributed/elastic/multiprocessing/api.py:1002] \
+failed (exitcode: 2) local_rank: 0 (pid: 1) of binary: python
+Traceback (most recent call last):
+  File "run.py", line 1, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+
+
+def test_under_torchrun_its_own_report_of_a_refusal_is_not_the_project_s_traceback():
+    plan = fc.Plan(["x"], (2,), torchrun=True)
+    assert judge(plan, 2, err="[rank0]:error: bad shard; rename it\n" + TORCHRUN_REPORT) is None
+    rank_crash = "Traceback (most recent call last):\nValueError: boom\n" + TORCHRUN_REPORT
+    assert judge(plan, 2, err=rank_crash).startswith("traceback: ValueError: boom")
+    assert judge(plan, 2, err=TORCHRUN_REPORT).startswith("exit 2 under torchrun without")

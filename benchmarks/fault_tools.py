@@ -369,8 +369,8 @@ def judge(plan, res: Outcome, before: dict, args) -> str | None:
         return f"killed by signal: {signal.Signals(-res.rc).name}"
     if "Traceback" in (ranks_output(text) if plan.torchrun else text):
         return f"traceback: {root_error(text)}"
-    if plan.torchrun and res.rc == 2 and not re.search(r"^(\[\w+\]:)?error: ", text, re.M):
-        return f"exit 2 under torchrun without an error: line: {first_line(res.err)}"
+    if plan.torchrun and res.rc in (1, 2) and not re.search(r"^(\[\w+\]:)?error: ", text, re.M):
+        return f"exit {res.rc} under torchrun without an error: line: {first_line(res.err)}"
     if ABORT.search(text):
         return f"abort: {ABORT.search(text).group(0)}"
     if res.rc not in plan.expect:

@@ -127,8 +127,9 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 
 
 def test_under_torchrun_its_own_report_of_a_refusal_is_not_the_project_s_traceback():
-    plan = fc.Plan(["x"], (2,), torchrun=True)
+    plan = fc.Plan(["x"], (1, 2), torchrun=True)
     assert judge(plan, 2, err="[rank0]:error: bad shard; rename it\n" + TORCHRUN_REPORT) is None
     rank_crash = "Traceback (most recent call last):\nValueError: boom\n" + TORCHRUN_REPORT
     assert judge(plan, 2, err=rank_crash).startswith("traceback: ValueError: boom")
     assert judge(plan, 2, err=TORCHRUN_REPORT).startswith("exit 2 under torchrun without")
+    assert judge(plan, 1, err=TORCHRUN_REPORT).startswith("exit 1 under torchrun without")

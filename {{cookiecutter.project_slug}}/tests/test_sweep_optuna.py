@@ -27,8 +27,8 @@ LRS = "train.lr=choice:0.05,1e-9"
 
 def optuna_args(tmp_path: Path, n: int, *extra: str) -> list[str]:
     return [
-        "--name", "o", "--optuna", str(n), "--seed", "6", "--prune-after", "1", *extra, LRS,
-        *TINY, "train.epochs=3", "run.deterministic=true", f"run.output_dir={tmp_path}",
+        "--name", "o", "--optuna", str(n), "--seed", "6", "--prune-after", "1", LRS,
+        *TINY, "train.epochs=3", "run.deterministic=true", f"run.output_dir={tmp_path}", *extra,
     ]  # fmt: skip
 
 
@@ -88,7 +88,10 @@ def test_an_optuna_study_prunes_continues_to_n_trials_and_reports(tmp_path):
 @pytest.mark.slow
 def test_a_stopped_optuna_sweep_resumes_its_interrupted_trial(tmp_path):
     optuna = pytest.importorskip("optuna", reason=f"the sweep extra: {INSTALL}")
-    args = [sys.executable, "scripts/sweep.py", *optuna_args(tmp_path, 2, "data.train_size=1024")]
+    # Epochs enough that the trial is still training when the stop reaches it: its first
+    # checkpoint (what the test waits for) comes at the end of epoch 1 of 8.
+    longer = ("data.train_size=1024", "train.epochs=8")
+    args = [sys.executable, "scripts/sweep.py", *optuna_args(tmp_path, 2, *longer)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(
         args, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.PIPE,

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, first_line
+from ..utils.locks import fsync_dir
 
 TRAINING_KEYS = ("model", "optimizer", "scheduler", "scaler", "progress", "config")
 
@@ -168,16 +169,6 @@ def unreadable(path: Path, exc: BaseException) -> str:
         "nothing was renamed: fix the cause (disk, network filesystem, permissions, memory) "
         "and run the same command again"
     )
-
-
-def fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable; not possible (nor needed) on Windows.
-    if hasattr(os, "O_DIRECTORY"):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def check_shards(folder: Path, path: Path) -> None:

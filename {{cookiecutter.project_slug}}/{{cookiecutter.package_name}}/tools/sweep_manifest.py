@@ -61,7 +61,7 @@ def write_text(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        locks.fsync_dir(path.parent)
     except OSError as exc:  # a failed write names no file: name the one it was for
         if exc.filename is not None:
             raise
@@ -72,16 +72,6 @@ def write_text(path: Path, text: str) -> None:
 
 def write(path: Path, manifest: dict) -> None:
     write_text(path, json.dumps(manifest, indent=1) + "\n")
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable; not possible (nor needed) on Windows.
-    if hasattr(os, "O_DIRECTORY"):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Advisory file locks (flock) that tell "held by another process" from "this filesystem has
 no locks" (NFS mounted with nolock, Lustre without -o flock): the first is the caller's to
-report; on the second the work goes on unlocked, after one warning per kind of lock."""
+report; on the second the work goes on unlocked, after one warning per kind of lock. And
+fsync_dir, which makes a rename durable: the other half of keeping files whole."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def lock(
             )
         return False
     return True
+
+
+def fsync_dir(path: os.PathLike | str) -> None:
+    # Makes the rename itself durable; not possible (nor needed) on Windows.
+    if hasattr(os, "O_DIRECTORY"):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

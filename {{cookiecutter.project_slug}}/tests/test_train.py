@@ -212,7 +212,7 @@ def test_keep_last_prunes_old_step_files_but_keeps_best(tiny):
 def test_evaluate_script_prints_the_metrics_of_a_checkpoint(tiny):
     fit(load_config(None, tiny))
     best = f"{run_dir(tiny)}/best.pt"
-    proc = run_script("scripts/evaluate.py", "--checkpoint", best, "run.device=cpu")
+    proc = run_script("scripts/evaluate.py", "--checkpoint", best, "--json", "run.device=cpu")
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert metrics["count"] == 96 and 0 <= metrics["acc"] <= 1

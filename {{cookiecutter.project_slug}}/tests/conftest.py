@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,11 @@ def pytest_configure(config):
         "filterwarnings",
         "ignore:`torch.jit.script_method` is:DeprecationWarning:torch.jit._script",
     )
+    # A shell starts a background job (`make test-all &`, nohup) with SIGINT ignored, and
+    # every child inherits that: the ctrl-c tests would send a SIGINT nothing sees. A handler
+    # here is reset to the default in each child at exec.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def tiny_with(tiny: list[str], *extra: str) -> list[str]:

@@ -309,6 +309,7 @@ OPTIONAL_PACKAGES = (
     "onnxscript",
     "onnxruntime",
     "optuna",
+    "xdist",  # pytest-xdist: the baked suite on every core, as make test-all runs it
 )
 
 
@@ -316,14 +317,15 @@ OPTIONAL_PACKAGES = (
 def test_baked_project_passes_its_own_suite(bake):
     """The generated tests, slow ones included, in the baked project (no install: PYTHONPATH).
     Its pyproject's addopts deselect the slow tests; this -m, as `make test-all`'s, replaces
-    that selection."""
+    that selection, and the tests share the cores as there (pytest-xdist)."""
     # The optional packages its tests exercise: absent, those tests would skip unseen.
     missing = [m for m in OPTIONAL_PACKAGES if importlib.util.find_spec(m) is None]
     assert not missing, f"pip install -r requirements-slow.txt first (missing {missing})"
     project = bake(**AWKWARD)
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-m", "slow or not slow"],
+        [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-m", "slow or not slow"]
+        + ["-n", "auto", "--dist", "worksteal"],
         cwd=project,
         env=env,
         capture_output=True,

@@ -72,7 +72,7 @@ def test_workflow_jobs_and_steps(bake, python_version):
             'python -m pip install -r requirements.txt -e ".[dev]"',
         ]
     assert run_lines(test)[2:] == ["make lint", 'python -m pytest -m "not slow"', SMOKE]
-    assert run_lines(slow)[2:] == ["python -m pytest -m slow"]
+    assert run_lines(slow)[2:] == ["python -m pytest -m slow -n auto --dist worksteal"]
     assert "if" not in test
     assert re.fullmatch(
         r"github\.event_name == 'schedule' \|\| github\.event_name == 'workflow_dispatch'",

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 # Values of each axis; the first is the everyday one.
 AXES: dict[str, list] = {
     "task": ["cls-synthetic-cnn", "cls-csv-mlp", "cls-images-cnn", "reg-csv-mlp", "lm-text"],
-    "ranks": ["ddp-1", "ddp-2", "fsdp-1", "fsdp-2"],
+    # How the model is wrapped, and on how many ranks (two: torchrun, gloo on the CPU). Two
+    # axes, not one: every task then needs one two-rank case, not one per strategy.
+    "strategy": ["ddp", "fsdp"],
+    "world": [1, 2],
     "amp": ["off", "bf16", "fp16"],
     "compile": [False, True],
     "channels_last": [False, True],
@@ -34,11 +37,11 @@ AXES: dict[str, list] = {
 IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn")
 
 # What a value costs a case on CPU, in pairs it must cover to be worth it: two ranks start
-# two processes per launch, and compiling costs more than everything else in a case, most of
-# all on two ranks at once (each compiles). The generator takes a costly value only where it
-# covers that many more new pairs than a cheap one: compile then lands on two ranks in just
-# the cases its two pairs with ddp-2 and fsdp-2 need, and on one rank elsewhere.
-COST = {("ranks", "ddp-2"): 2, ("ranks", "fsdp-2"): 2, ("compile", True): 3, ("export", "onnx"): 1}
+# three processes per launch (torchrun and its ranks), and compiling costs more than
+# everything else in a case, most of all on two ranks at once (each compiles). The generator
+# takes a costly value only where it covers that many more new pairs than a cheap one:
+# compile then lands on two ranks in the one case its pair with world 2 needs.
+COST = {("world", 2): 2, ("compile", True): 3, ("export", "onnx"): 1}
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Rule:
 # The most specific rule first: config validation refuses fsdp + fp16 before the device check.
 REFUSED = [
     Rule(
-        {"ranks": ["fsdp-1", "fsdp-2"], "amp": ["fp16"]},
+        {"strategy": ["fsdp"], "amp": ["fp16"]},
         ("train.amp=fp16", "train.strategy=fsdp"),
         "fp16 under fsdp needs a sharded grad scaler; bf16 needs none",
     ),
@@ -136,7 +139,7 @@ def covering_cases(axes: dict = AXES, device: str = "cpu") -> list[dict]:
 def _cost(case: dict) -> int:
     """A case's cost: its values' costs, and compiling on two ranks counted twice."""
     cost = sum(COST.get(item, 0) for item in case.items())
-    return cost + 3 * (case.get("compile") is True and case.get("ranks", "").endswith("-2"))
+    return cost + 3 * (case.get("compile") is True and case.get("world") == 2)
 
 
 def _value(axes: dict, axis: str, text: str):
@@ -145,9 +148,9 @@ def _value(axes: dict, axis: str, text: str):
 
 def case_id(case: dict) -> str:
     """A short readable id: the case's values that differ from each axis's first."""
-    parts = [case["task"], case["ranks"]]
+    parts = [case["task"], f"{case['strategy']}-{case['world']}"]
     for axis, value in case.items():
-        if axis in ("task", "ranks") or value == AXES[axis][0]:
+        if axis in ("task", "strategy", "world") or value == AXES[axis][0]:
             continue
         parts.append(axis if value is True else f"{axis}-{value}")
     return "-".join(str(p) for p in parts).replace("_", "").replace("+", "-")

@@ -106,7 +106,7 @@ def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]
     args = [*family_args(case["task"], data), *COMMON, f"run.device={DEVICE}"]
     args += [f"run.output_dir={out}", f"run.name={case_id(case)[:80]}"]
     args += [
-        f"train.strategy={case['ranks'].split('-')[0]}",
+        f"train.strategy={case['strategy']}",
         f"train.amp={case['amp']}",
         f"train.compile={str(case['compile']).lower()}",
         f"train.channels_last={str(case['channels_last']).lower()}",
@@ -292,7 +292,7 @@ def test_combination(case, data, bases, tmp_path):
     out = tmp_path / "runs"
     args = case_args(case, data, out, bases[case["task"]])
     name = case_id(case)[:80]
-    ranks = int(case["ranks"].split("-")[1])
+    ranks = case["world"]
     run = torchrun if ranks > 1 else launch
     rerun = f"rerun: {'torchrun --nproc_per_node=2' if ranks > 1 else 'python'} scripts/train.py"
     rerun += f" {shlex.join(args)}"
@@ -345,7 +345,7 @@ def test_combination(case, data, bases, tmp_path):
     row = recorded(out, name)
     best_key = next(key for key in row if key.startswith("best_val_"))
     metric = best_key.removeprefix("best_val_")
-    sharded = case["ranks"].startswith("fsdp")
+    sharded = case["strategy"] == "fsdp"
     best = evaluated(out / name / "best.pt", sharded)
     assert_close(best[metric], float(row[best_key]), f"{rerun}\nbest.pt's {metric}")
     last = evaluated(out / name / "last.pt", sharded)

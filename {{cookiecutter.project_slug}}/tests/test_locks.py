@@ -67,3 +67,35 @@ def test_other_lock_errors_are_not_taken_for_a_filesystem_without_locks(tmp_path
     flock_failing_with(monkeypatch, OSError(errno.EIO, "Input/output error"))
     with pytest.raises(OSError, match="Input/output error"):
         RunFolder(tmp_path / "run", keep_last=1).lock()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_failed_rewrite_keeps_the_old_file_whole_and_names_it(tmp_path, monkeypatch, durable):
+    """replace_text, behind every config, sweep record and prediction table: a write that
+    fails midway (a full disk) leaves the previous text, no temporary file, and an error
+    naming the file it was for."""
+    path = tmp_path / "config.yaml"
+    locks.replace_text(path, "old: 1\n", durable=durable)
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: FullDisk(real_open(*a, **k)))
+    with pytest.raises(OSError, match="No space left") as failed:
+        locks.replace_text(path, "new: 2\n" * 1000, durable=durable)
+    monkeypatch.undo()
+    assert failed.value.filename == str(path)
+    assert path.read_text() == "old: 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]

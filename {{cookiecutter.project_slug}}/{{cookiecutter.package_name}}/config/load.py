@@ -4,7 +4,6 @@ key and value checked as it is built; writing back a resolved config."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..utils.locks import replace_text
 from .schema import (
     COMPONENTS,
     SECTIONS,
@@ -81,13 +81,8 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    """Write via a temporary file and a rename: a full disk never leaves half a config."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Written whole or not at all: a full disk never leaves half a config."""
+    replace_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def _merge(base: dict, top: dict) -> dict:

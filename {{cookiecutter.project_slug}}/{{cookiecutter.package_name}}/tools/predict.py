@@ -30,7 +30,6 @@ import argparse
 import csv
 import io as text_io
 import math
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch
 
 from ..data.image_folder import EXTENSIONS
 from ..errors import ConfigError, UserError
+from ..utils import locks
 from ..utils.device import resolve_device
 from .cli import guard
 from .inference import Trained, load_trained
@@ -188,21 +188,11 @@ def predict(
     writer.writerow(["input", *header, "label"])
     writer.writerows(table)
     if out:
-        _replace(Path(out), buffer.getvalue())
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        locks.replace_text(Path(out), buffer.getvalue())
     else:
         sys.stdout.write(buffer.getvalue())
     return {"rows": len(table), "accuracy": correct / labelled if labelled else None}
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write `text` to `path` in one step: a failed write leaves the old file as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def generate(

@@ -51,27 +51,8 @@ def _problem(manifest) -> str | None:
     return None
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync, rename: a full disk or a kill
-    leaves the previous file (or none), never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        locks.fsync_dir(path.parent)
-    except OSError as exc:  # a failed write names no file: name the one it was for
-        if exc.filename is not None:
-            raise
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write(path: Path, manifest: dict) -> None:
-    write_text(path, json.dumps(manifest, indent=1) + "\n")
+    locks.replace_text(path, json.dumps(manifest, indent=1) + "\n")
 
 
 @contextlib.contextmanager

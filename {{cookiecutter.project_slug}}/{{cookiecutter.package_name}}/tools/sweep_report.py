@@ -17,8 +17,8 @@ import yaml
 
 from ..config import components, from_dict
 from ..errors import UserError, first_line
+from ..utils import locks
 from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
-from .sweep_manifest import write_text
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -195,7 +195,7 @@ def _write_csv(path: Path, rows: list[dict], keys: list[str], metric: str) -> No
         mean, std = (f"{row['mean']:.6g}", f"{row['std']:.6g}") if row["n"] else ("", "")
         settings = [row["settings"].get(k, "") for k in keys]
         writer.writerow([row["group"], *settings, mean, std, row["n"], ",".join(row["state"])])
-    write_text(path, text.getvalue())
+    locks.replace_text(path, text.getvalue())
 
 
 def _write_best(sweep_dir: Path, best: dict) -> None:
@@ -209,7 +209,7 @@ def _write_best(sweep_dir: Path, best: dict) -> None:
         "# The whole config (the sweep's --config file and settings included), so it trains\n"
         "# the same after that file changes: python scripts/train.py --config best.yaml\n"
     )
-    write_text(sweep_dir / "best.yaml", header + yaml.safe_dump(config, sort_keys=False))
+    locks.replace_text(sweep_dir / "best.yaml", header + yaml.safe_dump(config, sort_keys=False))
 
 
 def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> None:

@@ -1,12 +1,14 @@
 """Advisory file locks (flock) that tell "held by another process" from "this filesystem has
 no locks" (NFS mounted with nolock, Lustre without -o flock): the first is the caller's to
 report; on the second the work goes on unlocked, after one warning per kind of lock. And
-fsync_dir, which makes a rename durable: the other half of keeping files whole."""
+the other half of keeping files whole: replace_text, the one way a text file is rewritten,
+and fsync_dir, which makes a rename durable."""
 
 from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 try:
     import fcntl
@@ -55,3 +57,26 @@ def fsync_dir(path: os.PathLike | str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def replace_text(path: Path, text: str, durable: bool = True) -> None:
+    """Write `text` to `path` in one step: a temporary file in the same folder, renamed over
+    it. A full disk, a failed write or a kill leaves the previous file (or none), never half
+    of one. `durable` also fsyncs the file and the folder, so that a power cut keeps it (left
+    out for a file rewritten at every step)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
+    except OSError as exc:  # a failed write names no file: name the one it was for
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -73,7 +73,7 @@ class MetricLogger:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Step-level curves (loss, lr, grad norm) for TensorBoard and the trackers."""
         if self.trackers:  # noted first: a crash right after the log still counts it
-            _write_text(self.run_dir / TRACKED_STEP, str(step))
+            locks.replace_text(self.run_dir / TRACKED_STEP, str(step), durable=False)
         for tracker in self.trackers:
             tracker.log(values, step)
         if not self.tensorboard:
@@ -255,12 +255,6 @@ def _write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _formatted(row: dict) -> dict:

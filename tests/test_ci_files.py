@@ -145,9 +145,12 @@ def test_make_test_is_the_fast_layer_and_test_all_runs_everything(bake, tmp_path
 
     for target, expected in [("test", {"test_fast"}), ("test-all", {"test_fast", "test_slow"})]:
         (line,) = recipe(project, target)
+        assert shlex.split(line)[:3] == ["$(PYTHON)", "-m", "pytest"], line
+        # The line as make runs it: test-all adds pytest-xdist's -n where it is installed.
+        line = run(["make", "-s", "-n", target, f"PYTHON={sys.executable}"], project).stdout
         args = shlex.split(line)
-        assert args[:3] == ["$(PYTHON)", "-m", "pytest"], line
         assert selected(args[3:]) == expected, line
+        assert ("-n" in args) == (target == "test-all"), line
     assert recipe(project, "test-fast") == recipe(project, "test")
     jobs = load_workflow(project)["jobs"]
     for job, expected in [("test", {"test_fast"}), ("slow", {"test_slow"})]:

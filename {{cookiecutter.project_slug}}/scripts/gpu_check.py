@@ -266,13 +266,19 @@ def check_distributed(c: Check) -> str:
 def check_preemption(c: Check) -> str:
     """SIGTERM to train.py and its 2 loader workers after the first checkpoint: exit 75 with
     last.pt; then train.resume=auto runs to the end."""
-    args = c.overrides("preempted", "data.num_workers=2", *LONG)
-    total = 2048 // 32 * 8
+    long, total = long_run(c, ranks=1)
+    args = c.overrides("preempted", "data.num_workers=2", *long)
     stopped = stop_and_resume(c, [sys.executable, "scripts/train.py"], "preempted", args, total)
     return f"SIGTERM -> exit 75 at step {stopped}; resumed to step {total}"
 
 
-LONG = ["data.train_size=2048", "train.epochs=8"]  # long enough to be stopped mid-run
+def long_run(c: Check, ranks: int) -> tuple[list[str], int]:
+    """Overrides for a run long enough to be stopped mid-run, and its steps on `ranks` ranks:
+    8 epochs, so the stop, sent when epoch 1's checkpoint appears, has 7 epochs to land in.
+    2048 samples an epoch on CUDA; on the CPU (--allow-cpu, how the test suite runs it) TINY's
+    512, a quarter of the training for the same margin in epochs."""
+    samples = 2048 if c.machine.device == "cuda" else 512
+    return [f"data.train_size={samples}", "train.epochs=8"], samples // (32 * ranks) * 8
 
 
 def stop_and_resume(c: Check, launch: list[str], run: str, args: list[str], total: int) -> int:
@@ -320,8 +326,8 @@ def check_fsdp(c: Check) -> str:
     stopped by SIGTERM after its first checkpoint, then resumed to the end."""
     done = []
     for ranks, launch in launches(c):
-        run, total = f"fsdp{ranks}", 2048 // (32 * ranks) * 8
-        args = c.overrides(run, "train.strategy=fsdp", *LONG)
+        run, (long, total) = f"fsdp{ranks}", long_run(c, ranks)
+        args = c.overrides(run, "train.strategy=fsdp", *long)
         stopped = stop_and_resume(c, launch, run, args, total)
         world = load_last(c.run_dir(run))["meta"]["world_size"]
         if world != ranks:

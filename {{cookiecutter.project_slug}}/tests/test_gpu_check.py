@@ -130,37 +130,44 @@ def test_no_failure_exits_0_and_keep_keeps_the_outputs(monkeypatch, capsys):
     gpu_check.shutil.rmtree(kept)
 
 
+def real_checks_on_cpu(monkeypatch, capsys, *names: str) -> tuple[dict, str]:
+    """The checks `names` for real with --allow-cpu, any GPU hidden from them and from the
+    commands they start; their table's rows and the output. In this process: a subprocess
+    would only import torch once more (the tests above run the script itself)."""
+    monkeypatch.setattr(gpu_check, "find_machine", lambda: "hidden by the test")
+    for key, value in NO_GPU.items():
+        monkeypatch.setenv(key, value)
+    code = gpu_check.main(["--allow-cpu", "--only", ",".join(names)])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-4000:] + err[-2000:]
+    return table(out), out
+
+
 @pytest.mark.slow
-def test_a_few_real_checks_on_cpu():
-    args = ["--allow-cpu", "--only", "smoke,resume,fp16"]
-    done = run_script(SCRIPT, *args, env=NO_GPU, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    rows = table(done.stdout)
+def test_a_few_real_checks_on_cpu(monkeypatch, capsys):
+    rows, out = real_checks_on_cpu(monkeypatch, capsys, "smoke", "resume", "fp16")
     assert list(rows) == ["smoke", "resume", "fp16"]
     assert rows["smoke"][0] == "pass" and "smoke test passed" in rows["smoke"][1]
     assert rows["resume"][0] == "pass" and "bitwise equal" in rows["resume"][1]
     assert rows["fp16"] == ("skip", "fp16 autocast is checked on CUDA only")
-    assert done.stdout.splitlines()[-1].startswith("gpu check: 2 passed, 0 failed, 1 skipped")
+    assert out.splitlines()[-1].startswith("gpu check: 2 passed, 0 failed, 1 skipped")
 
 
 @pytest.mark.slow
-def test_preemption_check_on_cpu():
+def test_preemption_check_on_cpu(monkeypatch, capsys):
     """SIGTERM to train.py and its loader workers: exit 75, then a resume to the end."""
-    done = run_script(SCRIPT, "--allow-cpu", "--only", "preemption", env=NO_GPU, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    status, detail = table(done.stdout)["preemption"]
+    rows, _ = real_checks_on_cpu(monkeypatch, capsys, "preemption")
+    status, detail = rows["preemption"]
     assert status == "pass" and "SIGTERM -> exit 75" in detail
 
 
 @pytest.mark.slow
-def test_the_fsdp_and_channels_last_checks_on_cpu():
+def test_the_fsdp_and_channels_last_checks_on_cpu(monkeypatch, capsys):
     """fsdp on gloo: one process and 2 ranks, each stopped by SIGTERM and resumed; fsdp with
     bf16 on the default CNN; channels_last under ddp and fsdp. The CUDA-only checks skip.
     (The compile checks are left to GPUs: compiling takes minutes on a busy CPU.)"""
     names = ["fsdp", "fsdp_bf16", "channels_last", "cpu_offload", "sweep_gpus"]
-    done = run_script(SCRIPT, "--allow-cpu", "--only", ",".join(names), env=NO_GPU, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    rows = table(done.stdout)
+    rows, _ = real_checks_on_cpu(monkeypatch, capsys, *names)
     assert list(rows) == names
     assert rows["fsdp"][0] == "pass" and rows["fsdp"][1].startswith("gloo: 1 rank(s) stopped")
     assert "; 2 rank(s) stopped at step" in rows["fsdp"][1]
@@ -171,11 +178,10 @@ def test_the_fsdp_and_channels_last_checks_on_cpu():
 
 
 @pytest.mark.slow
-def test_init_from_check_on_cpu():
+def test_init_from_check_on_cpu(monkeypatch, capsys):
     """A run given train.init_from and train.resume=auto starts from the weights it names."""
-    done = run_script(SCRIPT, "--allow-cpu", "--only", "init_from", env=NO_GPU, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    status, detail = table(done.stdout)["init_from"]
+    rows, _ = real_checks_on_cpu(monkeypatch, capsys, "init_from")
+    status, detail = rows["init_from"]
     assert status == "pass" and detail.startswith("one step from best.pt")
 
 

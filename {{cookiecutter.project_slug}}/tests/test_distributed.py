@@ -147,24 +147,31 @@ def one_process(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, dump_ranks) -> list[dict]:
-    """Two ranks, batch 16 each: what every rank ended with."""
+def two_rank_job(tmp_path_factory, dump_ranks) -> tuple[Path, str]:
+    """Two ranks, batch 16 each: the folder of the run (runs/) and of the dumps, and stdout."""
     out = tmp_path_factory.mktemp("two")
     args = [*EXACT, "train.batch_size=16", f"run.output_dir={out / 'runs'}"]
-    proc = torchrun(STANDALONE, dump_ranks, out, *args)
-    assert "effective batch 32" in proc.stdout
+    return out, torchrun(STANDALONE, dump_ranks, out, *args).stdout
+
+
+@pytest.fixture(scope="module")
+def two_ranks(two_rank_job) -> list[dict]:
+    """What every rank of the two-rank job ended with."""
+    out, stdout = two_rank_job
+    assert "effective batch 32" in stdout
     dumps = ranks(out)
     assert_same(dumps[0]["model"], checkpoint.load(out / "runs/default/last.pt")["model"])
     return dumps
 
 
 @slow
-def test_train_script_under_torchrun_writes_one_run_folder(tmp_path):
-    out = tmp_path / "runs"
-    proc = torchrun(STANDALONE, "scripts/train.py", *TINY, f"run.output_dir={out}")
+def test_training_under_torchrun_writes_one_run_folder(two_rank_job):
+    """The two-rank job the equivalence tests read (scripts/train.py's train_main, seen inside
+    its ranks); scripts/train.py itself runs under torchrun in the SIGTERM and SLURM tests."""
+    out, stdout = two_rank_job[0] / "runs", two_rank_job[1]
     # Rank 0 alone prints, and writes the run folder, the checkpoints and the run summary.
-    assert proc.stdout.count("run default: cnn") == 1 and "cpu x 2" in proc.stdout
-    assert proc.stdout.count("epoch 2/2 |") == 1
+    assert stdout.count("run default: mlp") == 1 and "cpu x 2" in stdout
+    assert stdout.count("epoch 2/2 |") == 1
     assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
     plot = ["curves.png"] if plots.available() else []  # matplotlib is optional
     assert sorted(p.name for p in (out / "default").iterdir()) == [

@@ -246,18 +246,6 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(two_ranks, one_process
 
 
 @slow
-def test_accumulation_all_reduces_on_the_last_micro_step_only(tmp_path, dump_ranks, one_process):
-    """2 ranks x 8 x 2 micro-steps == 1 x 32, with one gradient all-reduce per step."""
-    args = [*EXACT, "train.batch_size=8", "train.grad_accum_steps=2"]
-    proc = torchrun(STANDALONE, dump_ranks, tmp_path, *args, f"run.output_dir={tmp_path}")
-    assert "effective batch 32" in proc.stdout
-    rank0, rank1 = ranks(tmp_path)
-    assert rank0["allreduces"] == rank1["allreduces"] == STEPS  # not 2 x STEPS
-    assert_same(rank0["model"], rank1["model"])
-    assert_close(rank0["model"], one_process["model"])
-
-
-@slow
 def test_evaluation_counts_each_sample_once_over_uneven_shards(two_ranks, one_process):
     expected = one_process["metrics"]
     for rank in two_ranks:
@@ -365,10 +353,19 @@ def test_two_nodes_on_loopback_finish_one_run(tmp_path, dump_ranks):
 
 
 @slow
-def test_two_rank_checkpoint_resumes_in_one_process(tmp_path, dump_ranks, one_process):
+def test_two_rank_checkpoint_resumes_in_one_process_and_accumulation_all_reduces_once_a_step(
+    tmp_path, dump_ranks, one_process
+):
+    """2 ranks x 8 x 2 micro-steps stopped after step 5, then 1 x 32 to the end: the weights of
+    1 x 32 throughout, and one gradient all-reduce per step, on the last micro-step only.
+    (One launch for both: each costs a few seconds.)"""
     out = f"run.output_dir={tmp_path / 'runs'}"
-    two = [*EXACT, "train.batch_size=16", out]
-    torchrun(STANDALONE, dump_ranks, tmp_path, *two, "run.log_every=1", STOP_AFTER="5")
+    two = [*EXACT, "train.batch_size=8", "train.grad_accum_steps=2", out]
+    proc = torchrun(STANDALONE, dump_ranks, tmp_path, *two, "run.log_every=1", STOP_AFTER="5")
+    assert "effective batch 32" in proc.stdout
+    rank0, rank1 = ranks(tmp_path)
+    assert rank0["allreduces"] == rank1["allreduces"] == 5  # not 2 x 5
+    assert_same(rank0["model"], rank1["model"])
     saved = checkpoint.load(tmp_path / "runs/default/last.pt")
     assert saved["progress"]["step"] == 5 and saved["progress"]["epoch_samples"] == 5 * 32
     assert saved["meta"]["world_size"] == 2

@@ -162,7 +162,7 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_save():
 
 
 # Imports torch once, then for each delay read from stdin forks a saver that saves without
-# end (a kill -9 of the fork leaves the files as that of a fresh process would), kills it
+# end (killed with -9, a fork leaves its files as a fresh process would), kills it
 # that long after its first completed save and says "killed". A process per kill would pay
 # the import each time.
 _KILLER = """

@@ -11,14 +11,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_script, tiny_with
+from conftest import ROOT, tiny_with
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint, evaluate_main
 from {{ cookiecutter.package_name }}.tools.predict import predict_main, read_csv
+from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 FAST = ["run.device=cpu", "run.log_every=1000", "run.loggers=csv", "train.warmup_steps=5"]
@@ -29,8 +30,23 @@ def table(path, header: str, rows: list[str]) -> str:
     return str(path)
 
 
+def run_train(argv: list[str], capsys) -> tuple[int, str]:
+    """scripts/train.py's train_main in-process: (exit code, stderr). A subprocess costs ~3 s
+    of imports; test_train.py and test_bad_input.py run the real scripts."""
+    capsys.readouterr()
+    code = train_main(argv)
+    return code, capsys.readouterr().err
+
+
+def evaluated(best: Path, capsys) -> dict:
+    """The JSON line of `scripts/evaluate.py --checkpoint best --json`, in-process."""
+    capsys.readouterr()
+    assert evaluate_main(["--checkpoint", str(best), "--json"]) == 0
+    return json.loads(capsys.readouterr().out.splitlines()[-1])
+
+
 @pytest.mark.slow
-def test_a_csv_classification_runs_from_the_command_line_alone(demo_data, tmp_path):
+def test_a_csv_classification_runs_from_the_command_line_alone(demo_data, tmp_path, capsys):
     args = [
         "data.name=csv",
         "data.path=data/demo/classes.csv",
@@ -40,8 +56,8 @@ def test_a_csv_classification_runs_from_the_command_line_alone(demo_data, tmp_pa
         f"run.output_dir={tmp_path}",
         *FAST,
     ]
-    done = run_script(str(ROOT / "scripts" / "train.py"), *args, cwd=demo_data)
-    assert done.returncode == 0, done.stderr
+    code, stderr = run_train(args, capsys)
+    assert code == 0, stderr
     state = checkpoint.load(tmp_path / "default" / "best.pt")
     meta = state["data"]
     assert meta["classes"] == ["setosa", "versicolor", "virginica"]
@@ -58,15 +74,7 @@ def test_a_csv_classification_runs_from_the_command_line_alone(demo_data, tmp_pa
     )
     assert torch.allclose(torch.tensor(meta["mean"]), raw[train.indices].mean(0), atol=1e-5)
     assert not torch.allclose(torch.tensor(meta["mean"]), raw.mean(0), atol=1e-7)
-    metrics = json.loads(
-        run_script(
-            str(ROOT / "scripts/evaluate.py"),
-            "--checkpoint",
-            str(tmp_path / "default/best.pt"),
-            "--json",
-            cwd=demo_data,
-        ).stdout.splitlines()[-1]
-    )
+    metrics = evaluated(tmp_path / "default/best.pt", capsys)
     assert metrics["count"] == 200 and metrics["acc"] > 0.8
 
 
@@ -106,7 +114,6 @@ def test_a_regression_target_trains_and_evaluates_with_the_same_numbers(demo_dat
     assert again["rmse"] == pytest.approx(result["best"], rel=1e-5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("header", "rows", "extra", "message"),
     [
@@ -120,28 +127,28 @@ def test_a_regression_target_trains_and_evaluates_with_the_same_numbers(demo_dat
     ],
 )
 def test_bad_tables_get_one_line_naming_the_row_or_column(
-    tmp_path, tiny, header, rows, extra, message
+    tmp_path, tiny, header, rows, extra, message, capsys
 ):
     path = table(tmp_path / "bad.csv", header, rows * 10)
     args = tiny_with(tiny, "data.name=csv", f"data.path={path}", "model.name=mlp", *extra)
-    done = run_script("scripts/train.py", *args)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    code, stderr = run_train(args, capsys)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1, stderr
     assert message in lines[0] and str(path) in lines[0]
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
-@pytest.mark.slow
-def test_a_missing_table_names_the_key(tmp_path, tiny):
-    done = run_script(
-        "scripts/train.py", *tiny_with(tiny, "data.name=csv", f"data.path={tmp_path}/no.csv")
-    )
-    assert done.returncode == 2
-    assert "no.csv' not found; set data.path to your table" in done.stderr
+def test_a_missing_table_names_the_key(tmp_path, tiny, capsys):
+    args = tiny_with(tiny, "data.name=csv", f"data.path={tmp_path}/no.csv")
+    code, stderr = run_train(args, capsys)
+    assert code == 2
+    assert "no.csv' not found; set data.path to your table" in stderr
 
 
 @pytest.mark.slow
-def test_the_csv_regression_example_reaches_its_bar_and_evaluates_the_same(demo_data, tmp_path):
+def test_the_csv_regression_example_reaches_its_bar_and_evaluates_the_same(
+    demo_data, tmp_path, capsys
+):
     """The example as shipped: R^2 above 0.95 on held-out rows in seconds."""
     args = [
         "--config",
@@ -150,12 +157,10 @@ def test_the_csv_regression_example_reaches_its_bar_and_evaluates_the_same(demo_
         "run.device=cpu",
         "run.log_every=1000",
     ]
-    done = run_script(str(ROOT / "scripts/train.py"), *args, cwd=demo_data, timeout=600)
-    assert done.returncode == 0, done.stderr
+    code, stderr = run_train(args, capsys)
+    assert code == 0, stderr
     best = tmp_path / "csv_regression" / "best.pt"
-    evaluate = str(ROOT / "scripts/evaluate.py")
-    out = run_script(evaluate, "--checkpoint", str(best), "--json", cwd=demo_data)
-    metrics = json.loads(out.stdout.splitlines()[-1])
+    metrics = evaluated(best, capsys)
     assert metrics["r2"] > 0.95, metrics
     assert metrics["rmse"] == pytest.approx(checkpoint.load(best)["progress"]["best"], rel=1e-5)
 

@@ -147,24 +147,31 @@ def one_process(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, dump_ranks) -> list[dict]:
-    """Two ranks, batch 16 each: what every rank ended with."""
+def two_rank_job(tmp_path_factory, dump_ranks) -> tuple[Path, str]:
+    """Two ranks, batch 16 each: the folder of the run (runs/) and of the dumps, and stdout."""
     out = tmp_path_factory.mktemp("two")
     args = [*EXACT, "train.batch_size=16", f"run.output_dir={out / 'runs'}"]
-    proc = torchrun(STANDALONE, dump_ranks, out, *args)
-    assert "effective batch 32" in proc.stdout
+    return out, torchrun(STANDALONE, dump_ranks, out, *args).stdout
+
+
+@pytest.fixture(scope="module")
+def two_ranks(two_rank_job) -> list[dict]:
+    """What every rank of the two-rank job ended with."""
+    out, stdout = two_rank_job
+    assert "effective batch 32" in stdout
     dumps = ranks(out)
     assert_same(dumps[0]["model"], checkpoint.load(out / "runs/default/last.pt")["model"])
     return dumps
 
 
 @slow
-def test_train_script_under_torchrun_writes_one_run_folder(tmp_path):
-    out = tmp_path / "runs"
-    proc = torchrun(STANDALONE, "scripts/train.py", *TINY, f"run.output_dir={out}")
+def test_training_under_torchrun_writes_one_run_folder(two_rank_job):
+    """The two-rank job the equivalence tests read (scripts/train.py's train_main, seen inside
+    its ranks); scripts/train.py itself runs under torchrun in the SIGTERM and SLURM tests."""
+    out, stdout = two_rank_job[0] / "runs", two_rank_job[1]
     # Rank 0 alone prints, and writes the run folder, the checkpoints and the run summary.
-    assert proc.stdout.count("run default: cnn") == 1 and "cpu x 2" in proc.stdout
-    assert proc.stdout.count("epoch 2/2 |") == 1
+    assert stdout.count("run default: mlp") == 1 and "cpu x 2" in stdout
+    assert stdout.count("epoch 2/2 |") == 1
     assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
     plot = ["curves.png"] if plots.available() else []  # matplotlib is optional
     assert sorted(p.name for p in (out / "default").iterdir()) == [
@@ -236,18 +243,6 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(two_ranks, one_process
     assert_close(rank0["model"], one_process["model"])
     assert (rank0["seed"], rank1["seed"]) == (mix_seed(42, 0), mix_seed(42, 1))
     assert rank0["allreduces"] == STEPS  # one bucket per step: the model is tiny
-
-
-@slow
-def test_accumulation_all_reduces_on_the_last_micro_step_only(tmp_path, dump_ranks, one_process):
-    """2 ranks x 8 x 2 micro-steps == 1 x 32, with one gradient all-reduce per step."""
-    args = [*EXACT, "train.batch_size=8", "train.grad_accum_steps=2"]
-    proc = torchrun(STANDALONE, dump_ranks, tmp_path, *args, f"run.output_dir={tmp_path}")
-    assert "effective batch 32" in proc.stdout
-    rank0, rank1 = ranks(tmp_path)
-    assert rank0["allreduces"] == rank1["allreduces"] == STEPS  # not 2 x STEPS
-    assert_same(rank0["model"], rank1["model"])
-    assert_close(rank0["model"], one_process["model"])
 
 
 @slow
@@ -358,10 +353,19 @@ def test_two_nodes_on_loopback_finish_one_run(tmp_path, dump_ranks):
 
 
 @slow
-def test_two_rank_checkpoint_resumes_in_one_process(tmp_path, dump_ranks, one_process):
+def test_two_rank_checkpoint_resumes_in_one_process_and_accumulation_all_reduces_once_a_step(
+    tmp_path, dump_ranks, one_process
+):
+    """2 ranks x 8 x 2 micro-steps stopped after step 5, then 1 x 32 to the end: the weights of
+    1 x 32 throughout, and one gradient all-reduce per step, on the last micro-step only.
+    (One launch for both: each costs a few seconds.)"""
     out = f"run.output_dir={tmp_path / 'runs'}"
-    two = [*EXACT, "train.batch_size=16", out]
-    torchrun(STANDALONE, dump_ranks, tmp_path, *two, "run.log_every=1", STOP_AFTER="5")
+    two = [*EXACT, "train.batch_size=8", "train.grad_accum_steps=2", out]
+    proc = torchrun(STANDALONE, dump_ranks, tmp_path, *two, "run.log_every=1", STOP_AFTER="5")
+    assert "effective batch 32" in proc.stdout
+    rank0, rank1 = ranks(tmp_path)
+    assert rank0["allreduces"] == rank1["allreduces"] == 5  # not 2 x 5
+    assert_same(rank0["model"], rank1["model"])
     saved = checkpoint.load(tmp_path / "runs/default/last.pt")
     assert saved["progress"]["step"] == 5 and saved["progress"]["epoch_samples"] == 5 * 32
     assert saved["meta"]["world_size"] == 2

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
 from {{ cookiecutter.package_name }}.utils.signals import StopSignal
 
@@ -77,12 +78,13 @@ def test_a_stop_signal_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrup
     exact = [
         *tiny,
         "run.deterministic=true",
-        "data.train_size=2048",
+        "data.train_size=1024",  # 64 steps an epoch: the signal has 128 steps to land in
         "train.epochs=3",
         "model.width=16",
-        f"data.num_workers={workers}",
     ]
-    expected = uninterrupted(exact)  # SIGTERM and SIGINT with workers share one
+    # One reference for every case: loader workers must not change the batches either.
+    expected = uninterrupted(exact)
+    exact.append(f"data.num_workers={workers}")
 
     proc = launch(*exact, "run.name=preempted")
     # Signal as soon as epoch 1 is saved: the run is then inside epoch 2 of 3.
@@ -97,8 +99,8 @@ def test_a_stop_signal_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrup
     total = expected["progress"]["step"]
     assert 0 < saved["progress"]["step"] < total, "the signal should land mid-run"
 
-    resumed = run_script("scripts/train.py", *exact, "run.name=preempted", "train.resume=auto")
-    assert resumed.returncode == 0, resumed.stderr
+    # In this process: what is asked of the resume is its weights, not its process.
+    assert train_main([*exact, "run.name=preempted", "train.resume=auto"]) == 0
     final = checkpoint.load(out_dir(tiny, "preempted") / "last.pt")
     assert final["progress"]["step"] == total
     assert same_weights(final["model"], expected["model"])
@@ -107,7 +109,7 @@ def test_a_stop_signal_mid_epoch_saves_and_the_resumed_run_matches_an_uninterrup
 def test_sigterm_again_and_again_after_the_first_still_ends_with_75(tiny):
     """A scheduler may repeat its SIGTERM; one that lands while the process exits after its
     save (Python's shutdown puts the default handler back) killed it with -15."""
-    proc = launch(*tiny, "data.train_size=2048", "train.epochs=20")
+    proc = launch(*tiny, "train.epochs=20")  # 16 steps an epoch: the first saves soon
     deadline = time.monotonic() + 60
     while not list(out_dir(tiny).glob("step-*.pt")) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -159,19 +161,36 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_save():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-_SAVER = """
-import sys, torch
+# Imports torch once, then for each delay read from stdin forks a saver that saves without
+# end (killed with -9, a fork leaves its files as a fresh process would), kills it
+# that long after its first completed save and says "killed". A process per kill would pay
+# the import each time.
+_KILLER = """
+import os, signal, sys, time, torch
 from pathlib import Path
 from {{ cookiecutter.package_name }}.checkpoint import RunFolder
-manager = RunFolder(Path(sys.argv[1]), keep_last=2)
 state = {"model": {"w": torch.randn(1_000_000)}, "progress": {"step": 0}, "config": {}}
 state.update(optimizer={}, scheduler={}, scaler={})
-step = 0
-while True:
-    step += 1
-    state["progress"]["step"] = step
-    manager.save(state, step, is_best=step % 3 == 0)
-    print(step, flush=True)
+parent = os.getpid()
+for delay in sys.stdin:
+    saved, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(saved)
+        manager, step = RunFolder(Path(sys.argv[1]), keep_last=2), 0
+        while os.getppid() == parent:  # a fork left behind by a failed test ends too
+            step += 1
+            state["progress"]["step"] = step
+            manager.save(state, step, is_best=step % 3 == 0)
+            os.write(told, b"saved\\n")
+        os._exit(1)
+    os.close(told)
+    with os.fdopen(saved) as f:
+        f.readline()  # at least one save completed; now kill at the moment asked
+        time.sleep(float(delay))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    print("killed", flush=True)
 """
 
 
@@ -183,20 +202,29 @@ def test_kill_9_during_saves_never_leaves_an_unloadable_checkpoint(tmp_path):
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    for _ in range(12):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _SAVER, str(folder)], env=env, stdout=subprocess.PIPE, text=True
-        )
-        proc.stdout.readline()  # at least one save completed; now kill at a random moment
-        time.sleep(rng.uniform(0.0, 0.3))
-        proc.kill()
-        proc.wait()
-        for path in [*folder.glob("step-*.pt"), folder / "last.pt", folder / "best.pt"]:
-            if path.exists():
-                state = checkpoint.load(path)  # raises if truncated
-                assert state["model"]["w"].numel() == 1_000_000
-        found = RunFolder(folder, 2).latest()
-        assert found is not None
+    killer = subprocess.Popen(
+        [sys.executable, "-c", _KILLER, str(folder)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(12):
+            killer.stdin.write(f"{rng.uniform(0.0, 0.3)}\n")
+            killer.stdin.flush()
+            assert killer.stdout.readline() == "killed\n"
+            for path in [*folder.glob("step-*.pt"), folder / "last.pt", folder / "best.pt"]:
+                if path.exists():
+                    state = checkpoint.load(path)  # raises if truncated
+                    assert state["model"]["w"].numel() == 1_000_000
+            found = RunFolder(folder, 2).latest()
+            assert found is not None
+        killer.stdin.close()
+        assert killer.wait(timeout=60) == 0
+    finally:
+        if killer.poll() is None:
+            killer.kill()
 
 
 def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(tiny, capsys):
@@ -213,26 +241,26 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(tiny, c
     assert (newest.parent / (newest.name + ".bad")).exists()
 
 
-def test_resume_into_a_different_model_names_the_mismatch_and_writes_nothing(tmp_path, tiny):
+def test_resume_into_a_different_model_names_the_mismatch_and_writes_nothing(tiny, capsys):
     fit(load_config(None, [*tiny, "train.epochs=1"]))
     last = out_dir(tiny) / "last.pt"
     before = last.read_bytes()
-    proc = run_script(
-        "scripts/train.py", *tiny, "model.width=16", "run.name=other", f"train.resume={last}"
-    )
-    assert proc.returncode == 2
-    line = proc.stderr.strip()
+    capsys.readouterr()
+    code = train_main([*tiny, "model.width=16", "run.name=other", f"train.resume={last}"])
+    assert code == 2
+    line = capsys.readouterr().err.strip()
     assert "\n" not in line and "does not fit this model" in line
     assert "shape: features.0.layers.0.weight (8, 3, 3, 3) vs (16, 3, 3, 3)" in line
     assert last.read_bytes() == before and not out_dir(tiny, "other").exists()
 
 
-def test_pickled_code_in_a_checkpoint_is_refused_with_one_line(tmp_path, tiny):
+def test_pickled_code_in_a_checkpoint_is_refused_with_one_line(tmp_path, tiny, capsys):
     evil = tmp_path / "evil.pt"
     torch.save({"model": {}, "hook": os.system}, evil)  # would run code if unpickled freely
-    proc = run_script("scripts/train.py", *tiny, f"train.resume={evil}")
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error: checkpoint") and "pickled Python objects" in proc.stderr
+    capsys.readouterr()
+    assert train_main([*tiny, f"train.resume={evil}"]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("error: checkpoint") and "pickled Python objects" in stderr
 
 
 def test_init_from_loads_what_fits_and_keeps_a_new_head(tiny, capsys):

@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.config import load_config, save_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools import sweep_cli, sweep_manifest
 from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
+from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.utils.logger import record_run
 
 GRID = ["train.lr=1e-3,3e-3", "model.depth=1,2"]
@@ -85,7 +86,8 @@ def test_aggregation_gives_mean_and_std_over_folds():
     assert aggregate([0.4]) == (0.4, 0.0, 1)
 
 
-@pytest.mark.slow
+# In process: scripts/sweep.py is sweep_cli.main and its exit code; the full-disk and
+# second-sweep tests below see the same one line and exit 2 from the script itself.
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -95,11 +97,11 @@ def test_aggregation_gives_mean_and_std_over_folds():
         (["--name", "a/b", "train.lr=1e-3,3e-3"], "--name must be a folder name"),
     ],
 )
-def test_bad_input_is_one_error_line_before_anything_runs(tmp_path, args, message):
+def test_bad_input_is_one_error_line_before_anything_runs(tmp_path, capsys, args, message):
     name = [] if "--name" in args else ["--name", "bad"]
-    proc = run_script(*sweep_cmd(tmp_path, *name, *args), env=env())
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("error:") == 1 and message in proc.stderr
+    assert sweep_cli.main(ROOT, sweep_cmd(tmp_path, *name, *args)[1:]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and message in err, err
     assert not any(tmp_path.iterdir())
 
 
@@ -120,29 +122,32 @@ def test_a_sweep_of_an_experiment_file_gives_every_trial_the_file(tmp_path, caps
 
 
 @pytest.mark.slow
-def test_a_sweep_with_config_runs_and_its_best_yaml_trains_with_the_file_settings(tmp_path):
-    config = experiment_file(tmp_path)
-    args = sweep_cmd(tmp_path, "--name", "cfg", "--config", str(config), "train.lr=1e-3,2e-3")
-    proc = run_script(*args, env=env(), timeout=300)
+def test_a_sweep_with_config_runs_and_its_best_yaml_trains_with_the_file_settings(
+    sequential, tmp_path
+):
+    folder, proc = sequential  # a grid sweep of an experiment file
     assert proc.returncode == 0, proc.stderr
-    best = tmp_path / "cfg" / "best.yaml"
+    best = folder / "best.yaml"
     cfg = load_config(best)  # the whole config: the file's settings without the file
     assert (cfg.train.weight_decay, cfg.train.grad_clip) == (0.0123, 0.5)
-    assert cfg.train.lr == float(results(tmp_path / "cfg")[0]["train.lr"])
-    again = run_script(
-        "scripts/train.py", "--config", str(best), f"run.output_dir={tmp_path}",
-        "run.name=from_best", "train.epochs=1", env=env(),
-    )  # fmt: skip
-    assert again.returncode == 0, again.stderr
+    assert cfg.train.lr == float(results(folder)[0]["train.lr"])
+    # In process: what is tested is that the file trains, not scripts/train.py again.
+    again = [f"run.output_dir={tmp_path}", "run.name=from_best", "train.epochs=1"]
+    assert train_main(["--config", str(best), *again]) == 0
     ran = load_config(tmp_path / "from_best" / "config.yaml")
     assert (ran.train.weight_decay, ran.train.lr) == (0.0123, cfg.train.lr)
+
+
+def grid_of_experiment_file(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The grid sweep of an experiment file (--config) that the tests below share."""
+    args = sweep_cmd(out, "--name", "g", "--config", str(experiment_file(out)), *extra, *GRID)
+    return run_script(*args, env=env(), timeout=300)
 
 
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("seq")
-    proc = run_script(*sweep_cmd(out, "--name", "g", *GRID), env=env(), timeout=300)
-    return out / "g", proc
+    return out / "g", grid_of_experiment_file(out)
 
 
 @pytest.mark.slow
@@ -169,43 +174,62 @@ def test_grid_sweep_ranks_its_trials_and_writes_the_best_config(sequential):
 
 @pytest.mark.slow
 def test_parallel_sweep_gives_the_sequential_results(sequential, tmp_path):
-    proc = run_script(*sweep_cmd(tmp_path, "--name", "g", "--parallel", "2", *GRID), env=env())
+    proc = grid_of_experiment_file(tmp_path, "--parallel", "2")
     assert proc.returncode == 0, proc.stderr
     assert results(tmp_path / "g") == results(sequential[0])
 
 
 @pytest.mark.slow
-def test_a_killed_sweep_resumes_the_interrupted_trial_and_leaves_finished_ones(tmp_path):
-    args = sweep_cmd(tmp_path, "--name", "k", "train.lr=1e-3,3e-3")
-    args += ["train.epochs=30", "data.train_size=512"]
+def test_a_killed_sweep_resumes_its_interrupted_trial_and_a_second_sweep_is_refused(tmp_path):
+    # The first trial short, the second long enough to be training when SIGTERM reaches it:
+    # its first checkpoint (what the test waits for) comes at the end of epoch 1 of 30.
+    args = [a for a in sweep_cmd(tmp_path, "--name", "k") if not a.startswith("train.epochs=")]
+    args += ["train.epochs=2,30", "data.train_size=512"]
     job = subprocess.Popen(
         [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()}, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    second = tmp_path / "k" / "t01-lr3e-3"
+    second = tmp_path / "k" / "t01-epochs30"
     deadline = time.monotonic() + 120
     while not list(second.glob("step-*.pt")) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(job.pid, signal.SIGTERM)
     out, err = job.communicate(timeout=60)
     assert job.returncode == 75, err
-    first = tmp_path / "k" / "t00-lr1e-3"
+    first = tmp_path / "k" / "t00-epochs2"
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in first.rglob("*") if p.is_file()}
     states = {
         t["id"]: t["state"]
         for t in json.loads((tmp_path / "k" / "sweep.json").read_text())["trials"]
     }
-    assert states == {"t00-lr1e-3": "done", "t01-lr3e-3": "pending"}
+    assert states == {"t00-epochs2": "done", "t01-epochs30": "pending"}
 
-    again = run_script(*args, env=env(), timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert "t00-lr1e-3: started" not in again.stdout
-    log = (tmp_path / "k" / "logs" / "t01-lr3e-3.out").read_text()
-    assert "resumed at step" in log
+    rerun = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    log = tmp_path / "k" / "logs" / "t01-epochs30.out"
+    deadline = time.monotonic() + 120
+    while "resumed at step" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "resumed at step" in log.read_text()
+    refused_while_running(args)  # the resumed trial's epochs left keep the rerun running
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    assert "t00-epochs2: started" not in out
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in first.rglob("*") if p.is_file()}
     assert after == before
     manifest = json.loads((tmp_path / "k" / "sweep.json").read_text())
     assert {t["state"] for t in manifest["trials"]} == {"done"}
+
+
+def refused_while_running(args: list[str]) -> None:
+    """A second sweep of a folder whose sweep is running is refused: one line, exit 2 (and the
+    running one finishes: its caller checks)."""
+    second = run_script(*args, env=env())
+    assert second.returncode == 2, second.stdout + second.stderr
+    err = second.stderr.strip().splitlines()
+    assert len(err) == 1 and "is already running in another process" in err[0], err
 
 
 def wait_for(paths: list[Path], seconds: float = 120) -> None:
@@ -268,7 +292,9 @@ STUBS = {
 
 
 @pytest.mark.slow
-def test_slurm_array_script_is_submitted_and_runs_one_trial_per_task(tmp_path):
+def test_slurm_array_script_is_submitted_and_runs_one_trial_per_task(
+    tmp_path, monkeypatch, capsys
+):
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for name, text in STUBS.items():
@@ -278,9 +304,11 @@ def test_slurm_array_script_is_submitted_and_runs_one_trial_per_task(tmp_path):
     slurm_env = {**env(), "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
                  "STUB_LOG": str(log), "PYTHON": sys.executable}  # fmt: skip
     out = tmp_path / "runs"
-    proc = run_script(*sweep_cmd(out, "--name", "s", "--slurm", *GRID), env=slurm_env)
-    assert proc.returncode == 0, proc.stderr
-    assert "submitted job 123" in proc.stdout
+    # Submitted in process (sbatch is a stub either way); the array task below is a process.
+    for key, value in slurm_env.items():
+        monkeypatch.setenv(key, value)
+    assert sweep_cli.main(ROOT, sweep_cmd(out, "--name", "s", "--slurm", *GRID)[1:]) == 0
+    assert "submitted job 123" in capsys.readouterr().out
     script = out / "s" / "sweep_array.sh"
     assert log.read_text().split() == ["sbatch", str(script)]
     text = script.read_text()
@@ -299,7 +327,9 @@ def test_slurm_array_script_is_submitted_and_runs_one_trial_per_task(tmp_path):
 
 @pytest.mark.slow
 def test_a_3_fold_sweep_reports_mean_and_std_over_disjoint_folds_that_cover_the_pool(tmp_path):
-    proc = run_script(*sweep_cmd(tmp_path, "--name", "cv", "--kfold", "3"), env=env(), timeout=300)
+    # One epoch: the folds' counts and the aggregation are the point, not the values.
+    args = sweep_cmd(tmp_path, "--name", "cv", "--kfold", "3", "train.epochs=1")
+    proc = run_script(*args, env=env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
     [row] = results(tmp_path / "cv")
     assert int(row["runs"]) == 3 and float(row["acc_std"]) >= 0
@@ -456,21 +486,3 @@ def test_slurm_array_tasks_share_the_sweep_lock_that_a_whole_sweep_takes_alone(t
     with pytest.raises(ConfigError, match="is already running in another process"):
         sweep_manifest.hold_sweep(tmp_path, one_trial=True)
     os.close(whole)
-
-
-@pytest.mark.slow
-def test_a_second_sweep_of_a_running_folder_is_refused(tmp_path):
-    args = sweep_cmd(tmp_path, "--name", "two", "train.lr=1e-3,3e-3", "data.train_size=2048")
-    first = subprocess.Popen(
-        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    wait_for([tmp_path / "two" / "t00-lr1e-3" / "config.yaml"])
-    second = run_script(*args, env=env())
-    assert second.returncode == 2, second.stdout + second.stderr
-    err = second.stderr.strip().splitlines()
-    assert len(err) == 1 and "is already running in another process" in err[0], err
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err
-    trials = json.loads((tmp_path / "two" / "sweep.json").read_text())["trials"]
-    assert [t["state"] for t in trials] == ["done", "done"]

@@ -451,6 +451,14 @@ def test_a_refused_sweep_writes_nothing(tmp_path, capsys, args, message):
     assert not any(tmp_path.iterdir())
 
 
+def test_slurm_without_sbatch_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # an empty PATH: no sbatch on it
+    assert in_process(tmp_path, "--name", "s", "--slurm", "train.lr=1e-3,3e-3") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: sbatch not found: run on a SLURM login node, or use --no-submit"]
+    assert not any(tmp_path.iterdir())
+
+
 def _file_size_limit(limit: int):
     def limit_writes():
         import resource

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from ..config import load_config
 from ..errors import ConfigError
 from ..utils import signals
 from . import sweep_manifest, sweep_report
-from .sweep_plan import plan, slots_for
+from .sweep_plan import SBATCH_MISSING, plan, slots_for
 
 EXIT_PREEMPTED = 75
 
@@ -64,6 +65,8 @@ class Sweep:
         sweep.slots = slots_for(args.parallel, args.gpus)
         if args.run_index is not None and not 0 <= args.run_index < len(trials):
             raise ConfigError(f"--run-index {args.run_index} is not in 0..{len(trials) - 1}")
+        if args.slurm and not (args.dry_run or args.no_submit) and not shutil.which("sbatch"):
+            raise ConfigError(SBATCH_MISSING)  # before sweep.json: a refused sweep writes nothing
         if not args.dry_run:  # a dry run writes nothing
             if not args.slurm:  # held until this process ends: a second sweep is refused
                 sweep._held = sweep_manifest.hold_sweep(folder, args.run_index is not None)

@@ -162,6 +162,9 @@ def slots_for(parallel: int, gpus: str | None) -> list[dict]:
     return [{"threads": threads, "env": {"OMP_NUM_THREADS": str(threads)}}] * parallel
 
 
+SBATCH_MISSING = "sbatch not found: run on a SLURM login node, or use --no-submit"
+
+
 def submit_array(sweep, args) -> int:
     """Write <sweep dir>/sweep_array.sh, one array task per trial, and sbatch it."""
     same = ["--name", args.name, *(["--config", sweep.config] if sweep.config else [])]
@@ -192,10 +195,8 @@ def submit_array(sweep, args) -> int:
             text=True,
             cwd=sweep.root,
         )
-    except FileNotFoundError:
-        raise ConfigError(
-            "sbatch not found: run on a SLURM login node, or use --no-submit"
-        ) from None
+    except FileNotFoundError:  # gone since Sweep.create looked
+        raise ConfigError(SBATCH_MISSING) from None
     if proc.returncode != 0:
         raise ConfigError(f"sbatch failed: {_tail(proc.stderr or proc.stdout)}")
     job = re.search(r"(\d+)", proc.stdout)

@@ -11,12 +11,14 @@ sums, regression predictions are gathered to rank 0.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
 import torch
 
 from .. import distributed
+from ..utils import locks
 from ..utils.plots import INSTALL_HINT, available, save_figure
 
 
@@ -87,11 +89,12 @@ def write(
             key: sum(r[key] for r in rows) / len(rows) for key in ("precision", "recall", "f1")
         }
         report["confusion_matrix"] = collector.confusion.cpu().tolist()
-        with (out_dir / "per_class.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        locks.replace_text(out_dir / "per_class.csv", table.getvalue())
+    locks.replace_text(out_dir / "report.json", json.dumps(report, indent=2))
     lines = [f"report: {out_dir}"]
     if not available():
         return [*lines, f"note: matplotlib is not installed; no pictures ({INSTALL_HINT})"]

@@ -13,6 +13,7 @@ import subprocess
 
 from ..config import load_config
 from ..errors import ConfigError
+from ..utils import locks
 
 # Set per trial by the sweep: a fixed override of one of these would be overwritten.
 PER_TRIAL = ("run.name", "train.resume")
@@ -182,7 +183,7 @@ def submit_array(sweep, args) -> int:
     text = ARRAY_SCRIPT
     for placeholder, value in fields.items():
         text = text.replace(placeholder, value)
-    script.write_text(text)
+    locks.replace_text(script, text)
     (sweep.dir / "logs").mkdir(exist_ok=True)
     print(f"wrote {script} ({len(sweep.trials)} array tasks)")
     if args.no_submit:

@@ -245,16 +245,12 @@ def _read_csv(path: Path) -> list[dict]:
 
 
 def _write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
-    """Rewrite through a temporary file and a rename: a crash leaves the old file or the new."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=header, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Rewritten whole: a crash leaves the old file or the new."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=header, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    locks.replace_text(path, text.getvalue())
 
 
 def _formatted(row: dict) -> dict:

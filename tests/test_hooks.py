@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,9 +15,12 @@ from _hookutil import (
     TEMPLATE,
     answers,
     hook_lines,
+    output_lines,
     render_hook,
     run_cli,
 )
+from conftest import FAST
+from cookiecutter.exceptions import FailedHookException
 
 AWKWARD = {
     "quotes": 'Tom\'s "Quoted" Project',
@@ -46,6 +50,12 @@ def test_hook_is_valid_python_before_rendering(name):
     ast.parse((TEMPLATE / "hooks" / f"{name}.py").read_text(encoding="utf-8"))
 
 
+def test_answer_checks_parse_as_python_39():
+    # cookiecutter imports them (cookiecutter.json's _extensions), on its own Python
+    source = (TEMPLATE / "cookiecutter_pytorch_checks.py").read_text(encoding="utf-8")
+    ast.parse(source, feature_version=(3, 9))
+
+
 @pytest.mark.parametrize("name", ["pre_gen_project", "post_gen_project"])
 @pytest.mark.parametrize("value", AWKWARD.values(), ids=AWKWARD.keys())
 def test_rendered_hook_reads_awkward_answers_exactly(tmp_path, name, value):
@@ -57,16 +67,25 @@ def test_rendered_hook_reads_awkward_answers_exactly(tmp_path, name, value):
 # --- pre_gen_project checks, unit ---
 
 
-@pytest.mark.parametrize("slug", ["my-project", "cat_classifier", "v2.model", "a", "9lives"])
+@pytest.mark.parametrize(
+    "slug", ["my-project", "cat_classifier", "v2.model", "a", "9lives", "a" * 64]
+)
 def test_good_slug(pre, slug):
     assert pre.check_slug(slug) is None
 
 
 @pytest.mark.parametrize(
-    "slug", ["", "a/b", "../x", "/abs", ".hidden", "-dash", "My-Project", "my project", "a\\b"]
+    "slug",
+    ["", ".", "..", "a/b", "../x", "/abs", ".hidden", "-dash", "My-Project", "my project", "a\\b"],
 )
 def test_bad_slug(pre, slug):
     assert pre.check_slug(slug)
+
+
+def test_slug_and_package_name_are_at_most_64_characters(pre):
+    assert "300 characters, at most 64" in pre.check_slug("a" * 300)
+    assert "65 characters, at most 64" in pre.check_package_name("a" * 65)
+    assert pre.check_package_name("a" * 64) is None
 
 
 @pytest.mark.parametrize("name", ["my_project", "cat_classifier", "_private", "pkg2"])
@@ -132,6 +151,10 @@ def test_default_answers_pass(pre):
         ("package_name", "2fast"),
         ("author_email", "nobody"),
         ("python_version", "3.9"),
+        ("project_slug", ".."),
+        ("project_slug", "x" * 300),
+        ("package_name", "p" * 300),
+        ("package_name", "9" * 300),
     ],
 )
 def test_problem_is_one_line_with_field_value_and_a_fix_that_passes(pre, field, value):
@@ -151,15 +174,41 @@ def test_package_name_derived_from_a_bad_slug_is_not_reported_twice(pre):
     assert len(pre.problems(both)) == 2
 
 
-# --- pre_gen_project through the CLI: non-zero exit, one line, nothing left behind ---
+def test_an_empty_slug_made_from_the_name_names_the_name(pre):
+    (line,) = pre.problems({**answers(), "project_name": "!!! ???", "project_slug": ""})
+    assert line.startswith("cookiecutter-pytorch: project_slug='' is not accepted: ")
+    assert "project_name='!!! ???' has no letter or digit" in line
+    assert line.endswith("e.g. project_slug=my-project")
 
 
-def wait_until_empty(folder: Path, seconds: float = 5.0) -> list[str]:
-    """What is left in `folder` once the hook's clean-up had time to run."""
-    deadline = time.monotonic() + seconds
-    while any(folder.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return sorted(p.name for p in folder.iterdir())
+# --- the slug cookiecutter.json derives from the name ---
+
+
+def test_derived_slug_is_capped_at_64_characters_on_a_word_boundary():
+    assert len(answers(project_name="a" * 300)["project_slug"]) == 64
+    slug = answers(project_name=" ".join(["word"] * 80))["project_slug"]
+    assert len(slug) <= 64 and slug.endswith("-word")
+    assert answers(project_name="a" * 300)["package_name"] == "a" * 64
+
+
+def test_answers_are_checked_before_cookiecutter_makes_the_folder():
+    # The extension of cookiecutter.json runs the hook's checks while cookiecutter collects
+    # the answers: FailedHookException carries the hook's line, and no folder exists yet.
+    with pytest.raises(FailedHookException, match=r"^cookiecutter-pytorch: project_slug=''"):
+        answers(project_name="!!! ???")
+    with pytest.raises(FailedHookException, match=r"package_name='json'.*\n.*author_email"):
+        answers(package_name="json", author_email="nobody")
+
+
+def test_the_checks_render_after_every_answer():
+    # cookiecutter renders the answers in file order: the one that runs the checks must come
+    # after every answer the checks read.
+    keys = [k for k in json.loads((TEMPLATE / "cookiecutter.json").read_text()) if k[0] != "_"]
+    order = list(json.loads((TEMPLATE / "cookiecutter.json").read_text()))
+    assert order.index("__checked") > max(order.index(k) for k in keys)
+
+
+# --- the answer checks through the CLI: exit 1, one line, nothing left behind ---
 
 
 @pytest.mark.parametrize(
@@ -170,29 +219,94 @@ def wait_until_empty(folder: Path, seconds: float = 5.0) -> list[str]:
         ("project_slug=a/b/c", "project_slug"),
         ("project_slug=.hidden", "project_slug"),
         ("project_slug=-dash", "project_slug"),
+        ("project_slug=..", "project_slug"),  # the output folder's parent
+        ("project_slug=.", "project_slug"),  # the output folder itself
+        ("project_slug=", "project_slug"),
+        ("project_name=!!! ???", "project_slug"),  # no slug can be made from it
+        ("project_slug=" + "s" * 300, "project_slug"),  # longer than a file name can be
+        ("package_name=" + "p" * 300, "package_name"),
         ("package_name=class", "package_name"),
         ("package_name=json", "package_name"),
         ("package_name=torch", "package_name"),
         ("package_name=tests", "package_name"),
         ("author_email=not-an-email", "author_email"),
     ],
+    ids=lambda value: value[:30],
 )
-def test_bad_answer_stops_generation(tmp_path, answer, field):
-    result = run_cli(tmp_path, answer, "env_manager=none", "run_smoke_test=no", "init_git=no")
-    assert result.returncode != 0
-    (line,) = hook_lines(result.stderr)
-    value = answer.split("=", 1)[1]
-    assert f"{field}={value!r} is not accepted" in line
+def test_bad_answer_is_one_line_and_creates_nothing(tmp_path, answer, field):
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli(out, answer, "env_manager=none", "run_smoke_test=no", "init_git=no")
+    assert result.returncode == 1
+    (line,) = output_lines(result)  # cookiecutter adds no line of its own, no traceback
+    value = "" if answer.startswith("project_name=") else answer.split("=", 1)[1]
+    assert line.startswith(f"cookiecutter-pytorch: {field}={value!r} is not accepted")
     assert f"e.g. {field}=" in line
-    assert wait_until_empty(tmp_path) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert list(out.iterdir()) == []
 
 
-def test_python_39_is_refused_before_any_directory(tmp_path):
-    # cookiecutter itself refuses a value outside a choice list, before the hook runs; the hook
-    # checks again for replays (`--replay`, cruft), which skip that validation.
-    result = run_cli(tmp_path, "python_version=3.9")
-    assert result.returncode != 0
-    assert "3.9 provided for choice variable python_version" in result.stderr
+def wait_until_empty(folder: Path, seconds: float = 5.0) -> list[str]:
+    """What is left in `folder` once the hook's clean-up had time to run."""
+    deadline = time.monotonic() + seconds
+    while any(folder.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_replayed_bad_answer_is_refused_by_the_hook(tmp_path):
+    # --replay skips the answer checks of cookiecutter.json: the pre-generation hook has them
+    # too, and removes the parents that a slug like a/b made.
+    replay = tmp_path / "replay.json"
+    bad = {**answers(**FAST), "project_slug": "a/b", "package_name": "a_b"}
+    replay.write_text(json.dumps({"cookiecutter": bad}), encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "cookiecutter", str(TEMPLATE), "--replay-file", str(replay)]
+    result = subprocess.run([*cmd, "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    (line,) = hook_lines(result.stderr)
+    assert "project_slug='a/b' is not accepted" in line
+    assert wait_until_empty(out) == []
+
+
+def test_long_name_bakes_with_a_capped_folder_name(tmp_path):
+    name = "Cat Classifier " * 20  # 300 characters
+    result = run_cli(tmp_path, f"project_name={name}", *(f"{k}={v}" for k, v in FAST.items()))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (project,) = tmp_path.iterdir()
+    assert len(project.name) <= 64 and project.name.startswith("cat-classifier-cat")
+    saved = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert saved["project_name"] == name
+    assert (project / saved["package_name"] / "trainer.py").is_file()
+
+
+CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("python_version", "3.9"),
+        ("compute", "cu999"),
+        ("license", "GPL-3.0"),
+        ("env_manager", "pipenv"),
+    ],
+)
+def test_value_outside_a_choice_list_is_refused_by_cookiecutter_before_any_file(
+    tmp_path, field, value
+):
+    # cookiecutter checks a choice while it merges the given answers into cookiecutter.json,
+    # before any template code runs (the pre_prompt hook is given no answers): the template
+    # README quotes the traceback's last line. The hook checks python_version again for
+    # --replay, which skips that validation.
+    result = run_cli(tmp_path, f"{field}={value}")
+    assert result.returncode == 1
+    last = output_lines(result)[-1]
+    assert last == (
+        f"ValueError: {value} provided for choice variable {field}, "
+        f"but the choices are {CHOICES[field]}."
+    )
     assert list(tmp_path.iterdir()) == []
 
 

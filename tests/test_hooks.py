@@ -1,4 +1,5 @@
-"""The generation hooks: answer checks (unit and through the CLI), awkward names, git, skip."""
+"""The generation hooks: answer checks (unit and through the CLI), awkward names, git, skip,
+regeneration over an existing project."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from _hookutil import (
 )
 from conftest import FAST
 from cookiecutter.exceptions import FailedHookException
+from cookiecutter.main import cookiecutter
 
 AWKWARD = {
     "quotes": 'Tom\'s "Quoted" Project',
@@ -377,6 +379,101 @@ def test_git_first_commit_uses_author_without_git_identity(bake, monkeypatch, tm
     ).stdout.split()
     assert "scripts/create_env.py" in tracked
     assert "setup.log" not in tracked
+
+
+@pytest.fixture
+def git_identity(monkeypatch):
+    for variable in ("GIT_AUTHOR", "GIT_COMMITTER"):
+        monkeypatch.setenv(f"{variable}_NAME", "T")
+        monkeypatch.setenv(f"{variable}_EMAIL", "t@example.org")
+
+
+def generate(out: Path, **extra_context) -> Path:
+    """Generate into `out` with git on, over a project that is already there."""
+    context = {**FAST, "init_git": "yes", **extra_context}
+    path = cookiecutter(
+        str(TEMPLATE),
+        no_input=True,
+        extra_context=context,
+        output_dir=str(out),
+        overwrite_if_exists=True,
+    )
+    return Path(path)
+
+
+def git_lines(project: Path, *args: str) -> list[str]:
+    result = subprocess.run(
+        ["git", *args], cwd=project, capture_output=True, text=True, check=True
+    )
+    return result.stdout.splitlines()
+
+
+def test_regeneration_leaves_the_existing_repository_alone(tmp_path, git_identity, capfd):
+    project = generate(tmp_path)
+    (project / "notes.txt").write_text("mine, not committed\n")
+    (project / "mine.py").write_text("MINE = 1\n")
+    subprocess.run(["git", "add", "mine.py"], cwd=project, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "mine"], cwd=project, check=True)
+    capfd.readouterr()
+    assert generate(tmp_path) == project
+    out = capfd.readouterr().out
+    assert git_log(project, "%s") == ["mine", "Initial commit from cookiecutter-pytorch"]
+    assert git_lines(project, "status", "--porcelain") == ["?? notes.txt"]
+    (line,) = [line for line in out.splitlines() if "git" in line]
+    assert line == (
+        f"  git: already in the repository at {project}: left as it is, nothing committed; "
+        "review `git status` and commit what you keep"
+    )
+
+
+def test_first_commit_holds_only_the_files_the_template_wrote(tmp_path, git_identity, capfd):
+    folder = tmp_path / "my-pytorch-project"  # a folder of the user's, generated over
+    (folder / "extra").mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine\n")
+    (folder / "extra" / "keep.txt").write_text("mine too\n")
+    project = generate(tmp_path, license="none", ci="none")
+    assert "not committed: 2 file(s) that were here before" in capfd.readouterr().out
+    tracked = set(git_lines(project, "ls-files"))
+    written = {
+        p.relative_to(project).as_posix()
+        for p in project.rglob("*")
+        if p.is_file() and ".git" not in p.parts
+    }
+    assert tracked == written - {"notes.txt", "extra/keep.txt"}
+    assert "my_pytorch_project/trainer.py" in tracked and "LICENSE" not in tracked
+    assert git_lines(project, "status", "--porcelain") == ["?? extra/", "?? notes.txt"]
+
+
+def test_project_inside_another_repository_gets_no_repository(tmp_path, git_identity):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    project = generate(tmp_path)
+    assert not (project / ".git").exists()
+    empty = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True)
+    assert empty.returncode != 0  # nothing was committed into the enclosing repository
+
+
+def test_without_the_template_folder_nothing_is_committed(tmp_path, capfd):
+    post = render_hook("post_gen_project", tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine\n")
+    unknown = {k: v for k, v in answers().items() if k != "_repo_dir"}
+    assert post.init_git(unknown, project) is True
+    assert "the template's folder is unknown, so nothing was committed" in capfd.readouterr().out
+    assert not (project / ".git").exists()
+
+
+@pytest.mark.parametrize("folder", [".venv", ".conda-env"])
+def test_an_existing_environment_is_left_as_it_is(tmp_path, monkeypatch, capfd, folder):
+    post = render_hook("post_gen_project", tmp_path, env_manager="auto", run_smoke_test="yes")
+    project = tmp_path / "project"
+    (project / folder / "bin").mkdir(parents=True)
+    calls = []
+    monkeypatch.setattr(post.subprocess, "run", lambda *a, **k: calls.append(a))
+    assert post.setup_environment(post.ANSWERS, project) is True
+    assert calls == []  # create_env.py (an update of .venv, a new .conda-env) never ran
+    (line,) = capfd.readouterr().out.splitlines()
+    assert line.startswith(f"  environment: {folder} is already here: left as it is, no smoke")
 
 
 def test_git_keeps_the_configured_identity(tmp_path):

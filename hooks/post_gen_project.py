@@ -3,9 +3,17 @@
 The environment and the smoke test are the job of the project's own scripts/create_env.py,
 the same code that `make env` runs; this hook calls it with this interpreter. Nothing here
 fails the generation: a failed step is reported with its log and the command to retry, and
-the project is kept. COOKIECUTTER_PYTORCH_SKIP_SETUP=1 skips git, environment and smoke test
-(for the CI of other tools); so does cruft, which re-runs the hooks in temporary copies on
-every `cruft update` and diffs them (a .git or .venv there breaks the diff).
+the project is kept.
+
+A regeneration over an existing project (`--overwrite-if-exists`) keeps what the user has: a
+git repository the project is already in gets no init and no commit, and an existing .venv or
+.conda-env is not touched (and no smoke test runs); each says so in a line. A new repository's
+first commit holds the files the template wrote, named one by one, never other files that were
+already in the folder.
+
+COOKIECUTTER_PYTORCH_SKIP_SETUP=1 skips git, environment and smoke test (for the CI of other
+tools); so does cruft, which re-runs the hooks in temporary copies on every `cruft update` and
+diffs them (a .git or .venv there breaks the diff).
 """
 
 from __future__ import annotations
@@ -61,36 +69,117 @@ def git_identity_args(answers: dict, project: Path) -> list[str]:
     return args
 
 
-def git(*args: str, project: Path) -> str | None:
-    """Run git; None when it worked, else the last line it printed."""
-    result = subprocess.run(
+def run_git(*args: str, project: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
         ["git", *args], cwd=project, stdin=subprocess.DEVNULL, capture_output=True, text=True
     )
-    if result.returncode == 0:
-        return None
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
     return ((result.stderr or result.stdout).strip().splitlines() or ["no output"])[-1]
 
 
+def git(*args: str, project: Path) -> str | None:
+    """Run git; None when it worked, else the last line it printed."""
+    result = run_git(*args, project=project)
+    return None if result.returncode == 0 else last_line(result)
+
+
+def enclosing_repository(project: Path) -> str | None:
+    """The top folder of the git repository `project` is already in, or None."""
+    if (project / ".git").exists():  # the template writes none: it was here before
+        return str(project)
+    found = run_git("rev-parse", "--show-toplevel", project=project)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def templated(name: str) -> str:
+    """The name of a templated folder of the template, for answer `name`. Its braces are not
+    written side by side here, since Jinja renders this file."""
+    return "{" * 2 + "cookiecutter." + name + "}" * 2
+
+
+def template_files(answers: dict, project: Path) -> list[str] | None:
+    """The files of `project` that the template wrote (relative, sorted), or None when the
+    template folder is unknown. Only the package folder's name is templated."""
+    template = Path(answers.get("_repo_dir", "")) / templated("project_slug")
+    if "_repo_dir" not in answers or not template.is_dir():
+        return None
+    package = templated("package_name")
+    names = (
+        p.relative_to(template).as_posix().replace(package, answers["package_name"])
+        for p in template.rglob("*")
+        if p.is_file()
+    )
+    return sorted(name for name in names if (project / name).is_file())
+
+
+def commit_template_files(answers: dict, project: Path, files: list[str]) -> str | None:
+    """Add `files` (less what .gitignore excludes) and make the first commit: None, or the
+    error. Pathspecs are literal, so that no file name is read as a pattern."""
+    args = ("--literal-pathspecs", "ls-files", "-z", "--others", "--exclude-standard", "--")
+    listed = run_git(*args, *files, project=project)
+    if listed.returncode != 0:
+        return last_line(listed)
+    addable = listed.stdout.split("\0")[:-1]
+    identity = git_identity_args(answers, project)
+    return git("--literal-pathspecs", "add", "--", *addable, project=project) or git(
+        *identity, "commit", "-q", "-m", COMMIT_MESSAGE, project=project
+    )
+
+
 def init_git(answers: dict, project: Path) -> bool:
-    """`git init` and a first commit of every generated file."""
+    """`git init` and a first commit of the generated files, unless a repository is there."""
     if shutil.which("git") is None:
         say("  git: not found; skipped (later: git init && git add -A && git commit)")
         return True
+    top = enclosing_repository(project)
+    if top is not None:
+        say(
+            f"  git: already in the repository at {top}: left as it is, nothing committed; "
+            "review `git status` and commit what you keep"
+        )
+        return True
+    files = template_files(answers, project)
+    if files is None:
+        say(
+            "  git: the template's folder is unknown, so nothing was committed "
+            "(later: git init && git add -A && git commit)"
+        )
+        return True
     print("  git init + first commit ...", end="", flush=True)
     start = time.monotonic()
-    error = git("init", "-q", project=project)
-    if error is None:
-        identity = git_identity_args(answers, project)
-        error = git("add", "-A", project=project) or git(
-            *identity, "commit", "-q", "-m", COMMIT_MESSAGE, project=project
-        )
+    error = git("init", "-q", project=project) or commit_template_files(answers, project, files)
     seconds = time.monotonic() - start
-    say(f" done ({seconds:.1f} s)" if error is None else f" FAILED ({seconds:.1f} s): {error}")
-    return error is None
+    if error is not None:
+        say(f" FAILED ({seconds:.1f} s): {error}")
+        return False
+    others = run_git("ls-files", "--others", "--exclude-standard", project=project).stdout
+    kept = len(others.splitlines())
+    note = f"; not committed: {kept} file(s) that were here before (git status)" if kept else ""
+    say(f" done ({seconds:.1f} s){note}")
+    return True
+
+
+def existing_environment(project: Path) -> str | None:
+    """The environment folder already in `project` (a regeneration), or None."""
+    for name in (".venv", ".conda-env"):
+        if (project / name).exists():
+            return name
+    return None
 
 
 def setup_environment(answers: dict, project: Path) -> bool:
-    """scripts/create_env.py, plus the smoke test when asked; its own output is the report."""
+    """scripts/create_env.py, plus the smoke test when asked; its own output is the report.
+    An environment that is already there is the user's: it is not updated or recreated."""
+    existing = existing_environment(project)
+    if existing is not None:
+        redo = "recreates" if existing == ".conda-env" else "updates"
+        say(
+            f"  environment: {existing} is already here: left as it is, no smoke test "
+            f"(`make env` {redo} it, `make smoke` tests it)"
+        )
+        return True
     cmd = [sys.executable, "scripts/create_env.py"]
     if answers.get("run_smoke_test") == "yes":
         cmd.append("--smoke")

@@ -1,8 +1,11 @@
 """Check the answers before cookiecutter writes any file; a bad answer stops generation.
 
 Each problem is one line that names the field, the value, what would be accepted and how to
-pass a fix on the command line. Cookiecutter has already created the (empty) project directory
-when this hook runs, and deletes it when the hook fails.
+pass a fix on the command line. cookiecutter_pytorch_checks.py runs these same checks when the
+answers are complete, before cookiecutter creates the project directory (it cannot create one
+named '' or '..', or of 300 characters, and ends in its own error); this hook runs them again
+for `--replay`, which skips that step. Cookiecutter has already created the (empty) project
+directory when this hook runs, and deletes it when the hook fails.
 
 Both hooks run on the Python that cookiecutter runs on, from 3.9; an older one is refused here
 with one line, before any check.
@@ -39,6 +42,9 @@ DEPENDENCIES = {
 # Names that clash with the project's own folders or read as something else on sys.path.
 GENERIC_NAMES = {"test", "tests", "data", "models", "utils", "scripts", "configs", "src"}
 
+# At most this many characters in the directory and in the package name: well inside the
+# file-name limit (255) with room for the paths below them.
+MAX_NAME = 64
 SLUG_RULE = "lowercase letters, digits, '-', '_' and '.', starting with a letter or digit"
 PACKAGE_RULE = "a lowercase Python identifier (a-z, 0-9, '_'; not starting with a digit)"
 EMAIL_RE = re.compile(r"[^@\s\"'\\<>(),;:]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
@@ -46,6 +52,8 @@ EMAIL_RE = re.compile(r"[^@\s\"'\\<>(),;:]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
 
 def check_slug(slug: str) -> str | None:
     """Why `slug` is not a usable directory and distribution name, or None."""
+    if len(slug) > MAX_NAME:
+        return f"it has {len(slug)} characters, at most {MAX_NAME} are accepted"
     if re.fullmatch(r"[a-z0-9][a-z0-9._-]*", slug):
         return None
     return f"use {SLUG_RULE} (no '/', no spaces, no leading '.' or '-')"
@@ -65,6 +73,8 @@ def stdlib_module_names() -> frozenset[str]:
 
 def check_package_name(name: str) -> str | None:
     """Why `name` cannot be the import name of the package, or None."""
+    if len(name) > MAX_NAME:
+        return f"it has {len(name)} characters, at most {MAX_NAME} are accepted"
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
         return f"use {PACKAGE_RULE}"
     if keyword.iskeyword(name):
@@ -91,9 +101,12 @@ def check_python_version(version: str) -> str | None:
 def suggest(field: str, value: str) -> str:
     """A value close to `value` that passes the check of `field`, for the error message."""
     if field == "project_slug":
-        return re.sub(r"[^a-z0-9._-]+", "-", value.lower()).strip(".-_") or "my-project"
+        slug = re.sub(r"[^a-z0-9._-]+", "-", value.lower())[:MAX_NAME].strip(".-_")
+        return slug or "my-project"
     if field == "package_name":
-        name = re.sub(r"\W+", "_", value.lower(), flags=re.ASCII).strip("_") or "my_project"
+        # room for the "pkg_" or "_project" added below
+        name = re.sub(r"\W+", "_", value.lower(), flags=re.ASCII)[: MAX_NAME - 8].strip("_")
+        name = name or "my_project"
         name = f"pkg_{name}" if name[0].isdigit() else name
         return name if check_package_name(name) is None else f"{name}_project"
     if field == "python_version":
@@ -118,6 +131,10 @@ def problems(answers: dict) -> list[str]:
         if field == "package_name" and check_slug(slug) and value == slug.replace("-", "_"):
             continue  # derived from the bad slug: it follows the fixed one
         reason = check(value)
+        if field == "project_slug" and not value:
+            name = str(answers.get("project_name", ""))
+            if not any(char.isalnum() for char in name):  # the slug is made from the name
+                reason = f"project_name={name!r} has no letter or digit to make it from"
         if reason is not None:
             lines.append(
                 f"cookiecutter-pytorch: {field}={value!r} is not accepted: {reason}; "

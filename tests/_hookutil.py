@@ -23,13 +23,23 @@ HOOK_VARIABLES = (
     "COOKIECUTTER_PYTORCH_TORCH_INDEX",
 )
 _count = itertools.count()
+# cookiecutter.json's `_extensions` (cookiecutter_pytorch_checks.py) are imported from the
+# template folder, which cookiecutter puts on sys.path while it runs; answers() calls its
+# functions directly.
+if str(TEMPLATE) not in sys.path:
+    sys.path.append(str(TEMPLATE))
 
 
-def answers(**overrides: str) -> dict:
-    """The answers cookiecutter would use with --no-input and these overrides."""
-    context = generate_context(str(TEMPLATE / "cookiecutter.json"), extra_context=overrides)
+def answers(check: bool = True, **overrides: str) -> dict:
+    """The answers cookiecutter would use with --no-input and these overrides; with
+    check=False, bad ones too (as a --replay gives them to the hooks)."""
+    skip = {} if check else {"__checked": ""}  # the rendered answer that runs the checks
+    context = generate_context(
+        str(TEMPLATE / "cookiecutter.json"), extra_context={**overrides, **skip}
+    )
     rendered = dict(prompt_for_config(context, no_input=True))
     rendered["_output_dir"] = str(TEMPLATE.parent)
+    rendered["_repo_dir"] = str(TEMPLATE)
     return rendered
 
 
@@ -44,8 +54,9 @@ def load_module(path: Path) -> ModuleType:
 
 
 def render_hook_file(name: str, workdir: Path, **overrides: str) -> Path:
-    """hooks/<name>.py rendered the way cookiecutter renders it, written into `workdir`."""
-    context = {"cookiecutter": answers(**overrides)}
+    """hooks/<name>.py rendered the way cookiecutter renders it, written into `workdir`; the
+    answers are not checked first (the hook's own checks are under test)."""
+    context = {"cookiecutter": answers(check=False, **overrides)}
     source = (TEMPLATE / "hooks" / f"{name}.py").read_text(encoding="utf-8")
     env = StrictEnvironment(context=context, keep_trailing_newline=True)
     path = workdir / f"{name}_{next(_count)}.py"
@@ -79,6 +90,12 @@ def run_cli(output_dir: Path, *answers: str, env: dict | None = None):
         env=env or clean_environ(),
         timeout=300,
     )
+
+
+def output_lines(result: subprocess.CompletedProcess) -> list[str]:
+    """Every line the command printed, stdout then stderr (cookiecutter prints its errors,
+    and the answer checks' lines, on stdout; the hooks print theirs on stderr)."""
+    return (result.stdout + result.stderr).splitlines()
 
 
 def hook_lines(text: str) -> list[str]:

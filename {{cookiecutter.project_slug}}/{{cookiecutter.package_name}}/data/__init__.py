@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 
 from ..errors import ConfigError
+from ..utils.device import check_workers
 from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
@@ -171,6 +172,7 @@ def build_loader(
         # to load in batches: a BatchSampler as the sampler and automatic batching off.
         batching = dict(batch_size=None, sampler=BatchSampler(sampler, batch_size, train))
     workers = cfg.num_workers
+    check_workers(workers)  # before a worker starts: a count the machine cannot run is refused
     return _Loader(
         dataset,
         **batching,

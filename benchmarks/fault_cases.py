@@ -11,6 +11,7 @@ import pickle
 import random
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -697,6 +698,226 @@ def _stopped(steps):
     return prepare
 
 
+# ---- settings the machine or the run cannot honour (issue 30: items 6, 7, 15, 18) --------
+
+
+def config_cases() -> list[Case]:
+    """Counts beyond the machine, values that train nothing or nan, a section override, a
+    CSV resumed, fine-tuned or evaluated on a table whose columns moved or were renamed, and
+    `kill -9` of one torchrun rank."""
+    refused = {
+        "threads-100000": ["run.threads=100000"],  # a segfault, exit 139, no message
+        "threads-10000": ["run.threads=10000"],  # accepted: a load above 1,000 on 2 CPUs
+        "workers-beyond-cpus": ["data.num_workers=WORKERS"],
+        "epochs-0": ["train.epochs=0"],  # trained nothing, printed the next commands
+        "weight-decay-inf": ["train.weight_decay=inf"],
+        "dropout-nan": ["model.dropout=.nan"],
+        "grad-clip-inf": ["train.grad_clip=inf"],
+    }
+    cases = [Case(f"settings-{k}", "settings", (), _refused(v)) for k, v in refused.items()]
+    cases += [
+        Case("settings-section-override-merges", "settings", (), _section_override),
+        Case("settings-yaml-section-twice", "settings", (), _section_twice),
+        Case("settings-csv-resume-reordered", "settings", ("cls",), _csv_resume("reordered")),
+        Case("settings-csv-resume-renamed", "settings", ("cls",), _csv_resume("renamed")),
+        Case("settings-csv-resume-column-added", "settings", ("cls",), _csv_resume("added")),
+        Case(
+            "settings-csv-init-from-reordered", "settings", ("cls",), _csv_init_from("reordered")
+        ),
+        Case("settings-csv-init-from-renamed", "settings", ("cls",), _csv_init_from("renamed")),
+        Case("settings-csv-evaluate-reordered", "settings", ("cls",), _csv_evaluate("reordered")),
+        Case("settings-csv-evaluate-renamed", "settings", ("cls",), _csv_evaluate("renamed")),
+    ]
+    cases += [Case(f"settings-kill-rank{r}", "settings", (), _kill_rank(r)) for r in (1, 0)]
+    return cases
+
+
+def _refused(extra: list[str]):
+    def prepare(ctx, folder):
+        workers = 4 * len(os.sched_getaffinity(0)) + 1  # one past utils/device.py's limit
+        args = [a.replace("WORKERS", str(workers)) for a in extra]
+        return _limits(folder, py("train", *TINY, *args, _out(folder)))
+
+    return prepare
+
+
+def _section_override(ctx, folder):
+    """train={...} merges key by key, as a config file's section does: train.lr stays."""
+    cmd = py("train", *TINY, "train.lr=0.0007", "train={epochs: 1}", "run.name=s", _out(folder))
+
+    def check(res) -> str | None:
+        saved = (folder / "runs/s/config.yaml").read_text()
+        return None if "lr: 0.0007" in saved else "train={...} dropped train.lr=0.0007"
+
+    return Plan(cmd, (0,), clean=[folder], check=check)
+
+
+def _section_twice(ctx, folder):
+    config = folder / "twice.yaml"
+    config.write_text("train:\n  lr: 0.0007\nrun:\n  name: t\ntrain:\n  epochs: 1\n")
+    return _limits(folder, py("train", "--config", str(config), *TINY, _out(folder)))
+
+
+def _edited_table(ctx, path: Path, how: str) -> Path:
+    """The cls base's table with its feature columns reversed, one renamed, or one added."""
+    header, body = ctx.cls_table
+    if how == "reordered":
+        order = [3, 2, 1, 0, 4]
+        header, body = [header[i] for i in order], [[r[i] for i in order] for r in body]
+    elif how == "renamed":
+        header = [h.replace("f2", "g2") for h in header]
+    else:
+        header, body = ["extra", *header], [["0.5", *r] for r in body]
+    return write_table(path, (header, body), rows=len(body))
+
+
+def _csv_args(table: Path, runs: Path, name: str = "cls") -> list[str]:
+    return [*MLP, "data.name=csv", f"data.path={table}", "data.label=label",
+            "task.name=classification", f"run.name={name}", f"run.output_dir={runs}"]  # fmt: skip
+
+
+def _csv_resume(how: str):
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "cls")
+        run = runs / "cls"
+        table = _edited_table(ctx, folder / "edited.csv", how)
+        cmd = py("train", *_csv_args(table, runs), "train.epochs=3", "train.resume=auto")
+        kept = [run / n for n in ("config.yaml", "best.pt", "last.pt", "metrics.csv")]
+        if how != "reordered":
+            return Plan(cmd, (2,), keep=kept, clean=[runs], check=_names_column(how))
+        check = _same_as_original(ctx, folder, "cls", ["train.epochs=3", "train.resume=auto"])
+        return Plan(cmd, (0,), clean=[runs], check=check)
+
+    return prepare
+
+
+def _names_column(how: str):
+    column = {"renamed": "'f2'", "added": "'extra'"}[how]
+
+    def check(res) -> str | None:
+        return None if column in res.err else f"the error names no column {column}"
+
+    return check
+
+
+def _same_as_original(ctx, folder: Path, name: str, extra: list[str]):
+    """The run on the reordered table (folder/runs/<name>) ends with the weights of the same
+    command on the original table (a resume: of its own copy of the cls run)."""
+
+    def check(res) -> str | None:
+        runs = folder / "original" / "runs"
+        if name == "cls":
+            runs = copy_runs(ctx, folder / "original", "cls")
+        table = write_table(folder / "original.csv", ctx.cls_table, rows=160)
+        cmd = py("train", *_csv_args(table, runs, name), *extra)
+        done = subprocess.run(
+            [sys.executable, *cmd], cwd=ctx.project, env=ctx.env, capture_output=True
+        )
+        if done.returncode != 0:
+            return f"the run on the original table failed: {done.stderr[-200:]!r}"
+        ours, theirs = (_load(r / name / "last.pt")["model"] for r in (folder / "runs", runs))
+        return None if same_tensors(ours, theirs) else "silently wrong: columns taken by position"
+
+    return check
+
+
+def _csv_init_from(how: str):
+    def prepare(ctx, folder):
+        ckpt = best(ctx, folder, "cls")
+        table = _edited_table(ctx, folder / "edited.csv", how)
+        init = [f"train.init_from={ckpt}"]
+        cmd = py("train", *_csv_args(table, folder / "runs", "ft"), *init)
+        if how == "renamed":
+            refused = _names_column(how)
+            made = no_new_files(folder / "runs")
+            check = lambda res: refused(res) or made(res)  # noqa: E731
+            return Plan(cmd, (2,), keep=[Path(ckpt)], clean=[folder], check=check)
+        check = _same_as_original(ctx, folder, "ft", init)
+        return Plan(cmd, (0,), keep=[Path(ckpt)], clean=[folder], check=check)
+
+    return prepare
+
+
+def _csv_evaluate(how: str):
+    def prepare(ctx, folder):
+        ckpt = best(ctx, folder, "cls")
+        table = _edited_table(ctx, folder / "edited.csv", how)
+        cmd = py("evaluate", "--checkpoint", ckpt, "--json", f"data.path={table}")
+        if how == "renamed":
+            return Plan(cmd, (2,), keep=[Path(ckpt)], clean=[folder], check=_names_column(how))
+
+        def check(res) -> str | None:
+            original = write_table(folder / "original.csv", ctx.cls_table, rows=160)
+            cmd = py("evaluate", "--checkpoint", ckpt, "--json", f"data.path={original}")
+            done = subprocess.run(
+                [sys.executable, *cmd], cwd=ctx.project, env=ctx.env, capture_output=True
+            )
+            want = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else None
+            got = json.loads(res.out.splitlines()[-1])
+            return None if want == got else f"other metrics than on the original: {got}"
+
+        return Plan(cmd, (0,), keep=[Path(ckpt)], clean=[folder], check=check)
+
+    return prepare
+
+
+# A 2-rank run long enough to be killed mid-training (about 300 steps an epoch per rank).
+LONG = [*TINY, "data.train_size=20000", "train.epochs=3", "train.batch_size=32"]
+
+
+def _kill_rank(rank: int):
+    def prepare(ctx, folder):
+        runs = folder / "runs"
+        train = py("train", *LONG, "run.name=k", f"run.output_dir={runs}")
+        here = str(Path(__file__).resolve().parent)
+        code = f"import sys; sys.path.insert(0, {here!r}); import fault_cases as f; f.kill_rank()"
+        cmd = ["-c", code, str(rank), str(runs / "k"), *TORCHRUN, *train]
+        return Plan(cmd, (1,), clean=[runs], torchrun=True, check=_survivor(ctx, runs, rank))
+
+    return prepare
+
+
+def kill_rank() -> None:
+    """`python -c ...kill_rank()` RANK RUN_DIR TORCHRUN-ARGS...: start torchrun, kill -9 the
+    process of RANK one second after the run's first step checkpoint, exit as torchrun does."""
+    import time
+
+    rank, run, args = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    proc = subprocess.Popen([sys.executable, *args])
+    while not list(run.glob("step-*.pt")) and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # the field after the command's ")" is the state, then the parent's pid
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+            continue
+        if parent == proc.pid and f"RANK={rank}".encode() in environ:
+            os.kill(int(stat.parent.name), signal.SIGKILL)
+    sys.exit(proc.wait())
+
+
+def _survivor(ctx, runs: Path, killed: int):
+    """The other rank said so in one line, and a resume (one process) continues the run."""
+
+    def check(res) -> str | None:
+        lines = [ln for ln in res.err.splitlines() if ln.startswith("error: ")]
+        if len(lines) != 1 or f"rank {killed} is gone" not in lines[0]:
+            return f"not one 'rank {killed} is gone' line: {lines[:2]}"
+        step = int(max((runs / "k").glob("step-*.pt")).stem.split("-")[1])
+        cmd = py("train", *LONG, "run.name=k", f"run.output_dir={runs}", "train.resume=auto")
+        cmd.append(f"train.max_steps={step + 2}")
+        done = subprocess.run(
+            [sys.executable, *cmd], cwd=ctx.project, env=ctx.env, capture_output=True, text=True
+        )
+        if done.returncode != 0 or f"resumed at step {step}" not in done.stdout:
+            return f"resume after the kill failed (exit {done.returncode}): {done.stderr[-200:]}"
+        return None
+
+    return check
+
+
 def all_cases(formats: list[str]) -> list[Case]:
     return [
         *control_cases(),
@@ -707,6 +928,7 @@ def all_cases(formats: list[str]) -> list[Case]:
         *predict_cases(),
         *sweep_cases(),
         *signal_cases(),
+        *config_cases(),
     ]
 
 

@@ -86,6 +86,7 @@ def args(*items: str):
 
 
 X, Y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 FORMAT = "expected " + EXPECTED_FORMAT
 
 BEFORE_WRITING = {
@@ -114,6 +115,23 @@ BEFORE_WRITING = {
     "epochs 1e9": (args("train.epochs=1e9"), "train.epochs expects int, got '1e9'"),
     "depth 10**6": (args("model.depth=1000000"), "model.depth must be between 1 and 64"),
     "workers 10**5": (args("data.num_workers=100000"), "data.num_workers must be between 0"),
+    "workers beyond the cpus": (
+        args(f"data.num_workers={4 * CPUS + 1}"),
+        f"is more than 4 loader processes per CPU this process may use ({CPUS} CPUs)",
+    ),
+    "threads beyond the cpus": (
+        args(f"run.threads={CPUS + 1}"),
+        f"is more than the {CPUS} CPUs this process may use (its affinity mask)",
+    ),
+    "epochs 0": (args("train.epochs=0"), "train.epochs must be >= 1, got 0"),
+    "weight decay inf": (
+        args("train.weight_decay=inf"),
+        "train.weight_decay must be a finite number, got inf",
+    ),
+    "section twice in a file": (
+        config_file("train:\n  lr: 0.01\ntrain:\n  epochs: 1\n"),
+        "line 3 gives the key 'train' twice in one mapping",
+    ),
     "log_every -1": (args("run.log_every=-1"), "run.log_every must be >= 1"),
     "batch 10**12": (args("train.batch_size=1000000000000"), "exceeds the 256 training samples"),
     "fp16 on cpu": (args("train.amp=fp16"), "train.amp=fp16 needs a GPU"),

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import CONFIGS, ROOT, missing_data_file
 
-from {{ cookiecutter.package_name }}.config import Config, from_dict, load_config, to_dict
+from {{ cookiecutter.package_name }}.config import Config, flatten, from_dict, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
@@ -134,6 +134,64 @@ def test_bad_overrides_name_the_key_and_the_fix(override, message):
         load_config(None, [override])
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def float_keys() -> list[str]:
+    """Every float setting: the sections' and the default components' options."""
+    flat = flatten(to_dict(Config()))
+    return [key for key, value in flat.items() if isinstance(value, float)]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", ".nan", "1e400"])
+def test_no_float_setting_takes_nan_or_inf(value):
+    """One rule for every number: train.weight_decay=inf trained every weight to nan."""
+    assert "train.weight_decay" in float_keys() and "model.dropout" in float_keys()
+    for key in float_keys():
+        with pytest.raises(ConfigError, match=f"^{key} must be "):
+            load_config(None, [f"{key}={value}"])
+
+
+def test_train_epochs_0_is_refused():
+    """It trained nothing, then printed the commands to evaluate a best.pt never written."""
+    with pytest.raises(ConfigError, match="train.epochs must be >= 1, got 0"):
+        load_config(None, ["train.epochs=0"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["train.lr=0.01", "train={epochs: 3, batch_size: 8}"],
+        ["train={epochs: 3, batch_size: 8}", "train.lr=0.01"],
+        ["train={lr: 0.01}", "train={epochs: 3}", "train.batch_size=8"],
+    ],
+)
+def test_a_section_override_merges_key_by_key_in_any_order(overrides):
+    """train={...} sets its keys and leaves the section's others, as a config file's section
+    does; it replaced a train.lr given before it."""
+    train = load_config(None, overrides).train
+    assert (train.lr, train.epochs, train.batch_size) == (0.01, 3, 8)
+
+
+def test_a_section_override_merges_over_a_file_as_a_file_merges_over_its_parent(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("extends: " + str(CONFIGS / "default.yaml") + "\ntrain:\n  lr: 0.01\n")
+    cfg = load_config(path, ["train={epochs: 3}"])
+    assert (cfg.train.lr, cfg.train.epochs, cfg.train.batch_size) == (0.01, 3, 64)
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("train:\n  lr: 0.01\nrun:\n  name: x\ntrain:\n  epochs: 3\n", 5),
+        ("train:\n  lr: 0.01\n  epochs: 2\n  lr: 0.1\n", 4),
+    ],
+)
+def test_a_key_given_twice_in_a_file_is_refused(tmp_path, text, line):
+    """YAML keeps the last of two equal keys: a second train: section dropped the first's."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"exp.yaml' line {line} gives the key .* twice"):
+        load_config(path)
 
 
 def test_a_misspelt_section_in_a_file_gets_the_section_and_key(tmp_path):

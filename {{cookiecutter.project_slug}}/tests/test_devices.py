@@ -116,9 +116,34 @@ def test_auto_threads_without_affinity_count_the_machine(threads):
 
 
 def test_explicit_threads_are_applied_even_with_omp_num_threads(threads):
+    threads.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     threads.setenv("OMP_NUM_THREADS", "3")
     assert devices.configure_threads(1) == 1 and torch.get_num_threads() == 1
     assert devices.configure_threads(2) == 2 and torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("requested", [3, 10_000, 100_000])
+def test_threads_beyond_the_usable_cpus_are_refused_before_torch_sees_them(threads, requested):
+    """100,000 threads crashed the process (exit 139, no message) at its first operation."""
+    before = torch.get_num_threads()
+    threads.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with pytest.raises(ConfigError) as err:
+        devices.configure_threads(requested)
+    assert str(err.value) == (
+        f"run.threads={requested} is more than the 2 CPUs this process may use (its affinity "
+        "mask); use run.threads=2 or fewer, or 0 (auto)"
+    )
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(("cpus", "local", "limit"), [(2, None, 8), (8, "4", 8), (1, "4", 1)])
+def test_loader_workers_are_bounded_by_the_cpus_of_the_machine(threads, cpus, local, limit):
+    threads.setattr(devices.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    if local:
+        threads.setenv("LOCAL_WORLD_SIZE", local)
+    devices.check_workers(limit)
+    with pytest.raises(ConfigError, match=f"use data.num_workers={limit} or fewer"):
+        devices.check_workers(limit + 1)
 
 
 def test_auto_threads_keep_torchs_count_when_omp_num_threads_is_set(threads):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
@@ -521,8 +521,8 @@ def test_slurm_time_limit_saves_requeues_and_the_requeued_job_resumes(slurm, tmp
     assert Path(env["STUB_LOG"]).read_text().count("requeue") == 1
 
 
-# scripts/train.py whose steps take 0.25 s; rank 1 records its pid and each step it finishes,
-# and can be made unable to read checkpoints.
+# scripts/train.py whose steps take 0.25 s; rank 1 (or RECORD_RANK) records its pid and each
+# step it finishes, and rank 1 can be made unable to read checkpoints.
 SLOW_RANKS = """\
 import os
 import sys
@@ -536,14 +536,15 @@ from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.errors import CheckpointError
 
 out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
+recorded = rank == int(os.environ.get("RECORD_RANK", 1))
 clip, load, steps = torch.nn.utils.clip_grad_norm_, files.load, [0]
 
 
 def slow_clip(*args, **kwargs):
     time.sleep(0.25)
     steps[0] += 1
-    if rank == 1:
-        (out / "rank1.step").write_text(str(steps[0]))
+    if recorded:
+        (out / f"rank{rank}.step").write_text(str(steps[0]))
     return clip(*args, **kwargs)
 
 
@@ -551,10 +552,10 @@ def unreadable(path):
     raise CheckpointError(f"checkpoint {str(path)!r} could not be read (simulated)")
 
 
-if rank == 1:
-    (out / "rank1.pid").write_text(str(os.getpid()))
-    if os.environ.get("RANK1_CANNOT_READ"):
-        files.load = unreadable  # what resume.load_state reads with
+if recorded:
+    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+if rank == 1 and os.environ.get("RANK1_CANNOT_READ"):
+    files.load = unreadable  # what resume.load_state reads with
 torch.nn.utils.clip_grad_norm_ = slow_clip
 raise SystemExit(train_main(sys.argv[2:]))
 """
@@ -681,3 +682,45 @@ def test_sigterm_to_torchrun_with_loader_workers_saves_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed at step {saved}" in resumed.stdout
     assert checkpoint.load(out / "default/last.pt")["progress"]["step"] == saved + 3
+
+
+@slow
+@pytest.mark.parametrize("killed", [1, 0])
+def test_kill_9_of_one_rank_is_one_line_on_the_other_and_the_run_resumes(
+    tmp_path, slow_ranks, killed
+):
+    """A rank's process killed mid-training: the rank left says so in one line (no gloo
+    traceback), exits 75 (rerun to resume), and the checkpoints saved before resume."""
+    out, logs = tmp_path / "runs", tmp_path / "logs"
+    args = [*TINY, "train.epochs=4", "run.log_every=1000", f"run.output_dir={out}"]
+    launch = [*STANDALONE, "--redirects=3", f"--log-dir={logs}"]  # each rank's output apart
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launch, str(slow_ranks)]
+    env = child_env(RECORD_RANK=str(killed))
+    report = tmp_path / "torchrun.txt"  # torchrun's own: each rank's exit code
+    with report.open("w") as f:
+        proc = subprocess.Popen([*cmd, str(tmp_path), *args], cwd=ROOT, env=env, stderr=f)
+    try:
+        step_file = tmp_path / f"rank{killed}.step"
+        # 8 steps an epoch (256 samples, 2 x 16 a step): mid epoch 2, after a checkpoint.
+        wait_for(lambda: step_file.exists() and int(step_file.read_text() or 0) >= 12, proc)
+        os.kill(int((tmp_path / f"rank{killed}.pid").read_text()), signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    survivor = next(logs.rglob(f"attempt_0/{1 - killed}"))
+    stderr = (survivor / "stderr.log").read_text()
+    assert stderr.splitlines() == [
+        f"error: rank {killed} is gone (rank {1 - killed} lost its connection to it); the last "
+        "checkpoint is kept; rerun with train.resume=auto to continue from it"
+    ], stderr[-3000:]
+    assert f"rank      : {1 - killed} (local_rank: {1 - killed})\n  exitcode  : 75" in (
+        report.read_text()
+    )
+    for path in (out / "default").glob("*.pt"):
+        checkpoint.check_training_state(checkpoint.load(path), path)  # intact
+    saved = checkpoint.load(out / "default/last.pt")["progress"]["step"]
+    assert saved == 8
+    resumed = run_script("scripts/train.py", *args, "train.resume=auto", "train.max_steps=10")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed at step {saved}" in resumed.stdout

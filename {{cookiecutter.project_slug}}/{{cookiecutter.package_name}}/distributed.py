@@ -101,6 +101,41 @@ def teardown() -> None:
     _serves = ()
 
 
+# What gloo, NCCL and the rendezvous store say when the process of another rank is gone
+# (killed, crashed, its machine lost): the collective that waited on it fails with these.
+PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Connection closed by remote peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+    "failed to recv, got 0 bytes",
+)
+
+
+def lost_peer(exc: BaseException) -> str | None:
+    """One line for a collective that failed because another rank's process is gone (under
+    torchrun `kill -9` of one rank gave the others a 50-130-line traceback), or None for any
+    other error. With two ranks the lost one is the other; with more, gloo names an address,
+    not a rank."""
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    seen = []
+    while exc is not None and exc not in seen and world_size > 1:
+        seen.append(exc)
+        if isinstance(exc, RuntimeError) and any(text in str(exc) for text in PEER_LOST):
+            who = f"rank {1 - rank}" if world_size == 2 else "another rank"
+            return (
+                f"{who} is gone (rank {rank} lost its connection to it); the last checkpoint "
+                "is kept; rerun with train.resume=auto to continue from it"
+            )
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 

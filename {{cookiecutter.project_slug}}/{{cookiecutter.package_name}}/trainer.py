@@ -71,14 +71,16 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     leaves no trace; then resume (or refuse to overwrite a run), train, summarise."""
     started = time.perf_counter()
     threads = prepare_process(cfg, dist, device)
-    data = build_loaders(cfg, dist, device)
     progress = Progress()
     ckpts = CheckpointManager(cfg, dist)
     log = MetricLogger(None)
+    data = None
     try:
         # First what to continue from: a checkpoint found wins over train.init_from, which
         # only starts a fresh run (with resume=auto too, as SLURM jobs and sweeps pass it).
         state, resumed_from = ckpts.find()
+        # Then the data, read as that checkpoint's model reads it (a CSV's columns by name).
+        data = build_loaders(cfg, dist, device, state)
         trainee = build_trainee(cfg, data, dist, device, resumed_from)
         if state is not None:
             restore(cfg, dist, ckpts, state, data, trainee, progress)
@@ -103,8 +105,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         distributed.barrier()
         return result(progress, metrics, stopped, trainee.model)
     finally:
-        close_loader(data.train_loader)
-        close_loader(data.val_loader)
+        for loader in (data.train_loader, data.val_loader) if data else ():
+            close_loader(loader)
         log.close()
         ckpts.close()
 
@@ -120,16 +122,18 @@ def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
     return threads
 
 
-def build_data(cfg: Config, meta: dict | None = None):
-    """(train set, val set, data meta, task): the task says which targets it needs from the
-    data and sizes the model's output from it. `meta`: a checkpoint's, for evaluation."""
-    train_set, val_set, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets, meta)
+def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
+    """(train set, val set, data meta, task): the task sizes the model's output from the data.
+    `meta`: a checkpoint's, for evaluation; `like`: the one a run continues (build_loaders)."""
+    train_set, val_set, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets, meta, like)
     return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta)
 
 
-def build_loaders(cfg: Config, dist: DistInfo, device: torch.device) -> Data:
-    """The datasets, this rank's loaders and the task; checks the batch fits the data."""
-    train_set, val_set, meta, task = build_data(cfg)
+def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None) -> Data:
+    """The datasets, this rank's loaders and the task; checks the batch fits the data. The
+    inputs are read as the model continued reads them: `state`'s, else train.init_from's."""
+    like = checkpoint.load(cfg.train.init_from) if not state and cfg.train.init_from else state
+    train_set, val_set, meta, task = build_data(cfg, like=(like or {}).get("data"))
     # Each rank reads its own shard; pinned memory only helps host-to-GPU copies.
     loader_args = dict(
         cfg=cfg.data,

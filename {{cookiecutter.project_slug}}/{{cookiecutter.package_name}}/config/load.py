@@ -35,7 +35,8 @@ def load_config(
     data: dict = read_file(Path(path), _merge) if path else _merge({}, base or {})
     # All overrides form one layer, so their order does not matter: model.width=8
     # model.name=mlp sets the mlp's width (a component's options from the layers below are
-    # dropped when a layer chooses another component).
+    # dropped when a layer chooses another component). A section's value, train={epochs: 3},
+    # merges key by key as a config file's section does (it replaced train.lr=... before it).
     top: dict = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -48,7 +49,7 @@ def load_config(
             node = node.setdefault(part, {})
             if not isinstance(node, dict) or not isinstance(below, dict | None):
                 raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
-        node[leaf] = parse_value(item, raw)
+        node[leaf] = _combine(node.get(leaf), parse_value(item, raw))
     cfg = from_dict(_merge(data, top))
     validate(cfg)
     return cfg
@@ -93,6 +94,13 @@ def _merge(base: dict, top: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def _combine(base: Any, top: Any) -> Any:
+    """Two values of one layer: sections merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(top, dict):
+        return {**base, **{key: _combine(base.get(key), value) for key, value in top.items()}}
+    return top
 
 
 def _common_only(section: str, base: dict, top: dict) -> dict:

@@ -97,6 +97,14 @@ def load_yaml(text: str, what: str) -> Any:
                 f"{what} expands to over {MAX_NODES:,} values through its aliases (*name); "
                 "write the values out instead of repeating anchors (&name)"
             )
+        twice = _repeated_key(node)
+        if twice:
+            key, line = twice
+            where = f" line {line}" if what.startswith("config file") else ""
+            raise ConfigError(
+                f"{what}{where} gives the key {short(repr(key))} twice in one mapping (YAML "
+                "would keep the last, dropping the first one's settings); write each key once"
+            )
         return loader.construct_document(node)
     except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
         raise ConfigError(f"{what} holds a value that cannot be read: {exc}") from None
@@ -117,6 +125,28 @@ def _expanded_size(node: yaml.Node, sizes: dict) -> int:
         total += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
     sizes[id(node)] = total = min(total, MAX_NODES + 1)
     return total
+
+
+def _repeated_key(root: yaml.Node) -> tuple[str, int] | None:
+    """A key that one mapping holds twice, and its line (1-based). YAML keeps the last one
+    silently: a file with two `train:` sections loses every setting of the first."""
+    seen, todo = set(), [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:  # an alias: its node is checked once
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in keys:
+                        return key.value, key.start_mark.line + 1
+                    keys.add(key.value)
+                todo += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += node.value
+    return None
 
 
 def short(text: str, limit: int = 60) -> str:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
-from .schema import COMPONENTS, Config, DataConfig, TrainConfig, components
+from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, TrainConfig, components
 from .text import closest
 
 
 def validate(cfg: Config) -> None:
     """Value checks that types alone cannot express; each error names the key and the rule."""
     checks = [
-        ("train.epochs", cfg.train.epochs >= 0, ">= 0"),
+        # 0 trained nothing and still printed the next commands, for files it never wrote.
+        ("train.epochs", cfg.train.epochs >= 1, ">= 1"),
         ("train.batch_size", cfg.train.batch_size >= 1, ">= 1"),
         ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "a finite number > 0"),
         ("train.ref_batch_size", cfg.train.ref_batch_size >= 1, ">= 1"),
@@ -50,6 +51,7 @@ def validate(cfg: Config) -> None:
             part = getattr(cfg, section)
             value = getattr(part, name) if hasattr(part, name) else getattr(part.options, name)
             raise ConfigError(f"{key} must be {rule}, got {value!r}")
+    _check_finite(cfg)
     _check_best(cfg)
     conflict = _strategy_conflict(cfg.train)
     if conflict:
@@ -57,6 +59,17 @@ def validate(cfg: Config) -> None:
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+def _check_finite(cfg: Config) -> None:
+    """One rule for every number of the config, the components' options included: nan and
+    inf are refused (train.weight_decay=inf was accepted and turned every weight into nan)."""
+    for section in SECTIONS:
+        part = getattr(cfg, section)
+        values = {**vars(part), **vars(getattr(part, "options", None) or NoOptions())}
+        for name, value in values.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{section}.{name} must be a finite number, got {value}")
 
 
 WARMUP_RULE = "a step count (a whole number >= 0) or a fraction of the planned steps below 1"

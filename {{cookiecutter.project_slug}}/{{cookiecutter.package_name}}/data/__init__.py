@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 
 from ..errors import ConfigError
+from ..utils.device import check_workers
 from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
@@ -49,27 +50,43 @@ DATASETS = {
 }
 
 
-def build_datasets(cfg, targets: str, meta: dict | None = None):
+def build_datasets(cfg, targets: str, meta: dict | None = None, like: dict | None = None):
     """(train, val, meta) for cfg (the config's data section): the dataset's own splits, or a
     held-out part of its one pool, or k folds. `targets` ("class", "value", "tokens") is what
     the task needs; `meta` (from a checkpoint) makes evaluation use the training run's
-    preprocessing and split."""
+    preprocessing and split. `like`: the meta of a checkpoint that a run resumes or
+    fine-tunes, whose inputs these must match (`meta` where given; see match_inputs)."""
     source = DATASETS[cfg.name]
     opts = cfg.options
     if getattr(opts, "targets", None) == "auto":  # e.g. a CSV's label column: the task decides
         opts = replace(opts, targets=targets)
     own_val = getattr(source, "has_val_split", lambda _: True)(opts)
-    saved = meta
+    saved, like = meta, meta if meta is not None else like
     if own_val and cfg.folds < 2:
         train, val = source(opts, "train"), source(opts, "val")
+        match_inputs(train, like)  # then the validation table as the training table reads
+        named = isinstance(like, dict) and isinstance(like.get("features"), list)
+        match_inputs(val, getattr(train, "meta", None), "the checkpoint" if named else "")
         meta = _prepare(train, range(len(train)), saved)
         _prepare(val, None, meta)
         return train, val, {**meta, **target_stats(train, range(len(train)), targets, saved)}
     pool = source(opts, "train" if own_val else "all")
+    match_inputs(pool, like)
     train_idx, val_idx, split = _split(pool, cfg)
     check_split(split, saved)
     meta = {**_prepare(pool, train_idx, saved), **target_stats(pool, train_idx, targets, saved)}
     return Split(pool, train_idx), Split(pool, val_idx), {**meta, "split": split}
+
+
+def match_inputs(dataset, like: dict | None, source: str = "the checkpoint") -> None:
+    """Read `dataset`'s inputs as the model of `like` (a data meta) reads them: the one
+    comparison of a run's data with a checkpoint's that its inputs depend on by name, for a
+    resume, train.init_from, evaluation and a validation table alike. A CSV table's feature
+    columns are taken in the checkpoint's order, and refused when their names differ.
+    `source`: where `like` comes from, for the error ("" for the training table)."""
+    names = like.get("features") if isinstance(like, dict) else None
+    if isinstance(names, list) and hasattr(dataset, "match_columns"):
+        dataset.match_columns(names, source or "the training table (data.path)")
 
 
 class Split(Subset):
@@ -171,6 +188,7 @@ def build_loader(
         # to load in batches: a BatchSampler as the sampler and automatic batching off.
         batching = dict(batch_size=None, sampler=BatchSampler(sampler, batch_size, train))
     workers = cfg.num_workers
+    check_workers(workers)  # before a worker starts: a count the machine cannot run is refused
     return _Loader(
         dataset,
         **batching,

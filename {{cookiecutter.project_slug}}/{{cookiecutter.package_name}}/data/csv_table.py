@@ -11,8 +11,11 @@ Labels are class names or numbers for classification (ids follow the sorted name
 for regression. Features are standardised with the mean and standard deviation of the
 training rows only (a constant column's std counts as 1); those statistics, the feature names
 and the class names travel in every checkpoint (`meta`), so evaluation and prediction read
-new rows the same way. Regression targets are standardised too, by the task, with statistics
-of the training rows (`target_mean`, `target_std` in the meta; see data/__init__.py).
+new rows the same way. Columns are matched by name: a resumed or fine-tuned run, an
+evaluation, and a validation table (`val_path`) read a table whose columns are in another
+order as the model reads them, and refuse one whose feature names differ. Regression targets
+are standardised too, by the task, with statistics of the training rows (`target_mean`,
+`target_std` in the meta; see data/__init__.py).
 """
 
 from __future__ import annotations
@@ -66,14 +69,41 @@ class CSVTable(InMemoryDataset):
             self.num_classes = len(self.classes)
         self.meta = {"features": self.features, "label": opts.label, "classes": self.classes}
 
+    def match_columns(self, names: list[str], source: str) -> None:
+        """Take the feature columns in the order of `names`, the feature names of `source`
+        (a checkpoint, or the training table): a table whose columns are in another order
+        reads as that model reads it. A column missing, renamed or added is refused, naming
+        the first that differs (taken by position, it would have fed the model another
+        feature without a word)."""
+        if names == self.features:
+            return
+        at, wanted = {name: i for i, name in enumerate(self.features)}, set(names)
+        missing = next((name for name in names if name not in at), None)
+        extra = next((name for name in self.features if name not in wanted), None)
+        if missing is not None or extra is not None:
+            if missing is None:
+                problem = f"the feature column {extra!r}, which {source} does not have"
+            else:
+                instead = f" (it has {extra!r} instead)" if extra is not None else ""
+                problem = f"no column {missing!r}, a feature of {source}{instead}"
+            raise ConfigError(
+                f"CSV file {str(self.path)!r} ({self.key}) has {problem}; give it the "
+                f"feature columns of {source} (in any order: they are matched by name; "
+                "data.features selects columns)"
+            )
+        self.x = self.x[:, [at[name] for name in names]]
+        self.features = list(names)
+        self.meta = {**self.meta, "features": self.features}
+
     def prepare(self, indices, meta: dict | None) -> dict:
-        """Standardise with the statistics of the training rows `indices` (or `meta`'s)."""
+        """Standardise with the statistics of the training rows `indices` (or `meta`'s, whose
+        feature columns match_columns has matched)."""
         if meta is not None:
-            if meta.get("features") != self.features or meta.get("classes") != self.classes:
+            if meta.get("classes") != self.classes:
                 raise ConfigError(
-                    f"CSV file {str(self.path)!r} ({self.key}) has other feature columns or "
-                    f"classes than the model was trained on (features {meta.get('features')}, "
-                    f"classes {meta.get('classes')}); give it the same columns and classes"
+                    f"CSV file {str(self.path)!r} ({self.key}) has other classes than the "
+                    f"model was trained on ({_listed(self.classes or [])} now, "
+                    f"{_listed(meta.get('classes') or [])} then); give it the same classes"
                 )
             mean, std = torch.tensor(meta["mean"]), torch.tensor(meta["std"])
         elif self.opts.normalize:

@@ -25,11 +25,21 @@ def train_main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         from ..config import load_config
+        from ..distributed import lost_peer
         from ..trainer import COMPLETE, EXIT_PREEMPTED, fit
 
         cfg = load_config(args.config, args.overrides)
         where["path"] = Path(cfg.run.output_dir) / cfg.run.name
-        result = fit(cfg)
+        try:
+            result = fit(cfg)
+        except Exception as exc:
+            # Under torchrun, another rank's death: one line on each rank left, and the exit
+            # code of a stop (75: rerun to resume), not a traceback of the collective.
+            line = None if args.debug else lost_peer(exc)
+            if line is None:
+                raise
+            print(f"error: {line}", file=sys.stderr)
+            return EXIT_PREEMPTED
         return EXIT_PREEMPTED if result["stopped"] not in COMPLETE else 0
 
     return guard(run, args.debug, where)

@@ -112,15 +112,50 @@ def configure_threads(requested: int, local_world_size: int | None = None) -> in
     0 (auto) shares this process's CPUs among the processes of this machine (torchrun's
     LOCAL_WORLD_SIZE): torch's default of one thread per core in every process oversubscribes
     the CPUs, which made training several times slower. An OMP_NUM_THREADS set by the user
-    (or by torchrun) already chose, so auto keeps torch's count then."""
+    (or by torchrun) already chose, so auto keeps torch's count then (torch caps it itself).
+    A count above the usable CPUs is refused: such threads only wait for a CPU, and very many
+    (100,000) crashed the process at its first operation, with no message."""
+    cpus = usable_cpus()
+    if requested > cpus:
+        raise ConfigError(
+            f"run.threads={requested} is more than the {cpus} CPUs this process may use (its "
+            f"affinity mask); use run.threads={cpus} or fewer, or 0 (auto)"
+        )
     if requested == 0 and os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
     if requested == 0:
-        processes = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        requested = max(1, usable_cpus() // max(1, processes))
+        processes = local_world_size or local_processes()
+        requested = max(1, cpus // processes)
     if torch.get_num_threads() != requested:
         torch.set_num_threads(requested)
     return requested
+
+
+def local_processes() -> int:
+    """The processes of this run on this machine: torchrun's LOCAL_WORLD_SIZE, else 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    except ValueError:
+        return 1
+
+
+# Loader worker processes per usable CPU beyond which data.num_workers is refused. Workers
+# that wait on storage can use more than one per CPU; far more only compete for the CPUs and
+# each holds its own memory (2 loaders x 256 workers could fill a small machine's memory).
+WORKERS_PER_CPU = 4
+
+
+def check_workers(num_workers: int) -> None:
+    """Refuse a data.num_workers that this machine cannot run (before any worker starts)."""
+    cpus, processes = usable_cpus(), local_processes()
+    limit = max(1, WORKERS_PER_CPU * cpus // processes)
+    if num_workers > limit:
+        where = f"{cpus} CPUs" + (f" shared by {processes} processes" if processes > 1 else "")
+        raise ConfigError(
+            f"data.num_workers={num_workers} is more than {WORKERS_PER_CPU} loader processes "
+            f"per CPU this process may use ({where}); use data.num_workers={limit} or fewer "
+            "(scripts/benchmark_dataloader.py measures which count is fastest)"
+        )
 
 
 def busy_note(threads: int) -> str:

@@ -918,6 +918,300 @@ def _survivor(ctx, runs: Path, killed: int):
     return check
 
 
+# ---- the tools' outputs, leftovers and start-up (issue 30: items 1, 13, 14, 19) ----------
+
+
+def tool_cases() -> list[Case]:
+    """--out over a run's files or the command's inputs (refused, whatever --force says),
+    over another file (refused without --force), over the tool's own earlier output
+    (replaced); leftovers of a killed tool (removed by the next start, a live process's
+    kept); a report killed mid-write (the earlier one whole); stop signals during a tool's
+    start-up (exit 75/130, nothing half-written); argument errors (one line); a second
+    damaged record (both kept)."""
+    cases = [
+        Case(f"tool-out-{tool}-{tag}", "tools", (base,), _out_refused(tool, target))
+        for tool, tag, base, target in (
+            ("predict", "best-pt", "syn", "best.pt"),
+            ("predict", "metrics-csv", "syn", "metrics.csv"),
+            ("export", "best-pt", "syn", "best.pt"),
+            ("export", "config-yaml", "syn", "config.yaml"),
+            ("compare", "best-pt", "syn", "best.pt"),
+            ("compare", "metrics-csv", "syn", "metrics.csv"),
+            ("evaluate", "report-run-folder", "syn", "."),
+            ("consolidate", "last-pt", "fsdp", "last.pt"),
+            ("consolidate", "its-checkpoint", "fsdp", "CHECKPOINT"),
+        )
+    ]
+    for how, expect in (
+        ("input", 2),
+        ("symlink-to-input", 2),
+        ("hardlink-to-input", 2),
+        ("other-file", 2),
+        ("other-file-force", 0),
+        ("own-earlier", 0),
+    ):
+        cases.append(Case(f"tool-out-predict-{how}", "tools", ("cls",), _out_table(how, expect)))
+    cases.append(Case("tool-out-export-other-file", "tools", ("syn",), _out_other("export")))
+    cases.append(Case("tool-out-evaluate-other-folder", "tools", ("syn",), _out_other("report")))
+    for tool in ("export", "predict", "evaluate"):
+        cases.append(Case(f"tool-stale-{tool}", "tools", ("syn",), _stale(tool)))
+    cases.append(Case("tool-kill9-export-rerun", "tools", ("syn",), _kill9("export")))
+    cases.append(Case("tool-kill9-report-mid-write", "tools", ("syn",), _kill9("report")))
+    for tool in ("export", "evaluate"):
+        for delay in (0.5, 1.0, 2.0):
+            name = f"tool-signal-{tool}-term-{delay}s"
+            cases.append(Case(name, "tools", ("syn",), _tool_signal(tool, delay, signal.SIGTERM)))
+    cases.append(
+        Case("tool-signal-predict-int-1.0s", "tools", ("syn",), _tool_signal("predict", 1.0))
+    )
+    big = "9" * 120_000  # one argument of a command line holds at most 128 KiB
+    for name, args in (
+        ("predict-batch-size", py("predict", "--checkpoint", "x.pt", "--batch-size", big)),
+        ("export-format", py("export", "--checkpoint", "x.pt", "--format", big)),
+        ("train-unknown-option", py("train", f"--nope={big}")),
+        ("evaluate-no-checkpoint", py("evaluate", f"--nope={big}")),
+        ("compare-x", py("compare_runs", "runs", "--x", big)),
+        ("consolidate-unknown-option", py("consolidate", "--checkpoint", "x.pt", f"--{big}")),
+    ):
+        cases.append(Case(f"tool-argparse-{name}-120k", "tools", (), _argv(args)))
+    cases.append(Case("tool-damaged-twice-metrics", "tools", ("syn",), _damaged_twice))
+    return cases
+
+
+def _run_files(run: Path) -> list[Path]:
+    return [p for p in run.rglob("*") if p.is_file() and p.name != ".lock"]
+
+
+def _tool_cmd(tool: str, ckpt: Path, out: Path, *extra: str) -> list[str]:
+    """The tool's command writing to `out` (evaluate: its --report folder)."""
+    if tool == "predict":
+        return py("predict", "--checkpoint", str(ckpt), "--split", "val", "--out", str(out))
+    if tool == "export":
+        fmt = ["--format", "torchscript"]
+        return py("export", "--checkpoint", str(ckpt), *fmt, "--out", str(out))
+    if tool == "compare":
+        return py("compare_runs", str(ckpt.parent), "--out", str(out), *extra)
+    if tool == "consolidate":
+        return py("consolidate", "--checkpoint", str(ckpt), "--out", str(out), *extra)
+    return py("evaluate", "--checkpoint", str(ckpt), "--report", str(out), *extra)
+
+
+def _out_refused(tool: str, target: str):
+    def prepare(ctx, folder):
+        name = "fsdp" if tool == "consolidate" else "syn"
+        run = copy_runs(ctx, folder, name) / name
+        ckpt = max(run.glob("step-*.pt")) if tool == "consolidate" else run / "best.pt"
+        out = ckpt if target == "CHECKPOINT" else run / target
+        force = ["--force"] if tool in ("compare", "consolidate") else []
+        cmd = _tool_cmd(tool, ckpt, out, *force)
+        return Plan(cmd, (2,), keep=_run_files(run), clean=[run], check=_names_run_file)
+
+    return prepare
+
+
+def _names_run_file(res) -> str | None:
+    said = ("a checkpoint", "a record of", "a run, sweep or output folder", "inputs")
+    return None if any(s in res.err for s in said) else "refused without naming the run's file"
+
+
+def _out_table(how: str, expect: int):
+    """predict <table> --out X, X: the table, links to it, another file, its own CSV."""
+
+    def prepare(ctx, folder):
+        table = write_table(folder / "rows.csv", ctx.cls_table, rows=8)
+        out, extra = folder / "preds.csv", []
+        if how == "input":
+            out = table
+        elif how == "symlink-to-input":
+            out.symlink_to(table)
+        elif how == "hardlink-to-input":
+            os.link(table, out)
+        elif how.startswith("other-file"):
+            out.write_text("my notes\n")
+            extra = ["--force"] if how.endswith("force") else []
+        else:  # a prediction CSV written by an earlier run of the same command
+            out.write_text("input,prediction,probability,label\nrows.csv:2,a,0.9,a\n")
+        ckpt = best(ctx, folder, "cls")
+        cmd = py("predict", "--checkpoint", ckpt, str(table), "--out", str(out), *extra)
+        keep = [table, Path(ckpt)] + ([out] if expect == 2 else [])
+        check = _wrote_predictions(out, 8) if expect == 0 else None
+        return Plan(cmd, (expect,), keep=keep, clean=[folder], check=check)
+
+    return prepare
+
+
+def _wrote_predictions(out: Path, rows: int):
+    def check(res) -> str | None:
+        lines = out.read_text().splitlines() if out.is_file() else []
+        if len(lines) != rows + 1 or not lines[0].startswith("input,prediction"):
+            return f"no predictions in {out.name}: {lines[:1]}"
+        return None
+
+    return check
+
+
+def _out_other(tool: str):
+    """An existing file (export) or a folder of the user's (evaluate --report): refused."""
+
+    def prepare(ctx, folder):
+        run = copy_runs(ctx, folder, "syn") / "syn"
+        if tool == "export":
+            out = folder / "model.pt"
+            out.write_bytes(b"someone else's file")
+            kept = [out]
+        else:
+            out = folder / "mine"
+            out.mkdir()
+            (out / "notes.txt").write_text("keep me")
+            kept = [out / "notes.txt"]
+        cmd = _tool_cmd("export" if tool == "export" else "evaluate", run / "best.pt", out)
+        return Plan(cmd, (2,), keep=kept + _run_files(run), clean=[folder])
+
+    return prepare
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _stale(tool: str):
+    """What a kill -9 mid-write leaves beside the target (a staging folder, a temporary
+    file) is removed by the next start; the driver's own (a live process's) is kept."""
+
+    def prepare(ctx, folder):
+        run = copy_runs(ctx, folder, "syn") / "syn"
+        target = {
+            "export": run / "best.torchscript.pt",
+            "predict": folder / "preds.csv",
+            "evaluate": run / "best_report",
+        }[tool]
+        dead = target.with_name(f".{target.name}.tmp{dead_pid()}")
+        live = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        if tool == "predict":
+            dead.write_text("half a table")
+        else:
+            dead.mkdir()
+            (dead / "half").write_bytes(b"x")
+        live.mkdir()
+        cmd = _tool_cmd(tool, run / "best.pt", target)
+
+        def check(res) -> str | None:
+            if dead.exists():
+                return f"stale temporary left: {dead.name}"
+            return None if live.is_dir() else f"a live process's temporary removed: {live.name}"
+
+        return Plan(cmd, (0,), keep=[run / "best.pt"], check=check)
+
+    return prepare
+
+
+# Run the tool, kill -9 it once its staging folder exists, then check and rerun it.
+KILL9 = """
+import json, os, signal, subprocess, sys, time
+mode, target, first, second = sys.argv[1:5]
+tool = [sys.executable, "scripts/export.py", "--format", "torchscript", "--out", target]
+if mode == "report":
+    tool = [sys.executable, "scripts/evaluate.py", "--report", target]
+    assert subprocess.run(tool + ["--checkpoint", first]).returncode == 0
+before = {n: open(os.path.join(target, n), "rb").read() for n in os.listdir(target)} \\
+    if mode == "report" else None
+folder, stage = os.path.dirname(target), "." + os.path.basename(target) + ".tmp"
+proc = subprocess.Popen(tool + ["--checkpoint", second])
+while proc.poll() is None and not any(n.startswith(stage) for n in os.listdir(folder)):
+    time.sleep(0.005)
+if proc.poll() is not None:
+    sys.exit("the kill did not land: the tool ended first")
+os.kill(proc.pid, signal.SIGKILL)
+proc.wait()
+if before is not None:
+    now = {n: open(os.path.join(target, n), "rb").read() for n in os.listdir(target)}
+    if now != before:
+        sys.exit("the report killed mid-write is not the earlier one: " + str(sorted(now)))
+rc = subprocess.run(tool + ["--checkpoint", second]).returncode
+if mode == "report":
+    saved = json.load(open(os.path.join(target, "report.json")))["metrics"]["checkpoint"]
+    if saved != second:
+        sys.exit("the rerun's report describes " + saved)
+sys.exit(rc)
+"""
+
+
+def _kill9(mode: str):
+    def prepare(ctx, folder):
+        run = copy_runs(ctx, folder, "syn") / "syn"
+        if mode == "report":  # an earlier report of the first epoch, then the second's
+            target, (first, second) = folder / "report", sorted(run.glob("step-*.pt"))[:2]
+        else:
+            target, first, second = run / "best.torchscript.pt", run / "best.pt", run / "best.pt"
+        cmd = ["-c", KILL9, mode, str(target), str(first), str(second)]
+        return Plan(cmd, (0,), keep=[run / "best.pt"], clean=[run, folder])
+
+    return prepare
+
+
+def _tool_signal(tool: str, delay: float, sig: int = signal.SIGINT):
+    """A stop signal while the tool starts or works: 0 (it had finished or was putting its
+    output in place), or 75 (130: Ctrl-C) with one line, the earlier output unchanged."""
+
+    def prepare(ctx, folder):
+        run = copy_runs(ctx, folder, "syn") / "syn"
+        target = {
+            "export": run / "best.torchscript.pt",
+            "predict": folder / "preds.csv",
+            "evaluate": run / "best_report",
+        }[tool]
+        cmd = _tool_cmd(tool, run / "best.pt", target)
+        earlier = _with_json(target) if tool == "export" else []
+        expect = (0, 75) if sig == signal.SIGTERM else (0, 130)
+
+        def check(res) -> str | None:
+            if res.rc in (75, 130) and len(res.err.strip().splitlines()) != 1:
+                return f"stopped with {len(res.err.strip().splitlines())} lines on stderr"
+            return None
+
+        return Plan(
+            cmd,
+            expect,
+            keep=[run / "best.pt"],
+            keep_refused=earlier,
+            clean=[run, folder],
+            signals=[(None, delay, sig)],
+            check=check,
+        )
+
+    return prepare
+
+
+def _argv(cmd: list[str]):
+    def prepare(ctx, folder):
+        return Plan(cmd, (2,), clean=[folder])
+
+    return prepare
+
+
+def _damaged_twice(ctx, folder):
+    """A metrics.csv damaged again beside an earlier metrics.csv.damaged: both are kept."""
+    runs = copy_runs(ctx, folder, "syn")
+    run = runs / "syn"
+    earlier = run / "metrics.csv.damaged"
+    earlier.write_bytes(b"epoch,step\n1,\xff\xfe\n")
+    damage(run / "metrics.csv", "non-utf8")
+    damaged = (run / "metrics.csv").read_bytes()
+    cmd = py("train", *TINY, "run.name=syn", f"run.output_dir={runs}")
+    cmd += ["train.epochs=3", "train.resume=auto"]
+    resumed = resumed_from(run, ctx.steps["syn"])
+
+    def check(res) -> str | None:
+        second = run / "metrics.csv.damaged.2"
+        if not second.is_file() or second.read_bytes() != damaged:
+            return "the second damaged metrics.csv was not kept beside the first"
+        return resumed(res)
+
+    return Plan(cmd, (0,), keep=[earlier], clean=[runs], check=check)
+
+
 def all_cases(formats: list[str]) -> list[Case]:
     return [
         *control_cases(),
@@ -929,6 +1223,7 @@ def all_cases(formats: list[str]) -> list[Case]:
         *sweep_cases(),
         *signal_cases(),
         *config_cases(),
+        *tool_cases(),
     ]
 
 

@@ -15,7 +15,6 @@ data loading is not the bottleneck.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -27,6 +26,7 @@ import torch
 
 try:
     from {{ cookiecutter.package_name }} import config, data, errors, trainer
+    from {{ cookiecutter.package_name }}.tools.cli import Parser
 except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
     import _bootstrap
 
@@ -94,7 +94,7 @@ def measure(dataset, cfg, workers: int, batches: int, warmup: int, repeats: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])  # an argument error: one line
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.name=x")
     parser.add_argument("--config", help="YAML config file (default: built-in defaults)")
     parser.add_argument("--workers", type=int, nargs="+", help="num_workers values to try")
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config.load_config(args.config, args.overrides)
         dataset = trainer.build_data(cfg)[0]  # the training split
     except errors.UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {errors.user_message(exc)}", file=sys.stderr)
         return 2
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = args.workers or worker_counts(cpus or 1)

@@ -12,7 +12,6 @@ Each is seeded: the same files every time.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import random
 import sys
@@ -22,6 +21,7 @@ import torch
 
 try:
     from {{ cookiecutter.package_name }}.data.synthetic import Options, SyntheticGratings
+    from {{ cookiecutter.package_name }}.tools.cli import Parser
 except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
     import _bootstrap
 
@@ -132,7 +132,7 @@ WRITERS = {"csv": write_csv, "images": write_images, "text": write_text}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])  # an argument error: one line
     parser.add_argument("kinds", nargs="*", help=f"any of {', '.join(WRITERS)}; default: all")
     parser.add_argument("--out", default="data/demo", help="folder to write (default data/demo)")
     args = parser.parse_args(argv)

@@ -37,6 +37,24 @@ def accuracy(rows: list[dict]) -> float:
     return sum(r["prediction"] == r["label"] for r in rows) / len(rows)
 
 
+def test_predictions_run_under_the_checkpoint_amp_as_evaluate_does(tiny, tmp_path):
+    """A bf16 run's validation (and so best.pt) was measured under bf16 autocast: predict.py
+    computes the same probabilities and accuracy as evaluate.py; --amp off gives fp32."""
+    best = best_of([*tiny, "train.amp=bf16", "train.epochs=1"])
+    trained = load_trained(best)
+    x = torch.stack([xy[0] for xy in validation_set(trained)])
+    with torch.no_grad():
+        fp32 = trained.model(x).softmax(-1).max(-1).values
+        with torch.autocast("cpu", torch.bfloat16):
+            bf16 = trained.model(x).float().softmax(-1).max(-1).values
+    rows = predict(best, "--split", "val", out=tmp_path / "amp.csv")
+    got = torch.tensor([float(r["probability"]) for r in rows])
+    assert torch.allclose(got, bf16, atol=1e-6) and not torch.allclose(got, fp32, atol=1e-4)
+    assert accuracy(rows) == pytest.approx(evaluate_checkpoint(best)["acc"])
+    rows = predict(best, "--split", "val", "--amp", "off", out=tmp_path / "amp.csv")
+    assert torch.allclose(torch.tensor([float(r["probability"]) for r in rows]), fp32, atol=1e-6)
+
+
 def test_synthetic_val_split_and_tensor_file_match_evaluate(tiny, tmp_path):
     best = best_of(tiny)
     acc = evaluate_checkpoint(best)["acc"]
@@ -255,6 +273,7 @@ BAD_OPTIONS = [
     (["--prompt", "ab", "--tokens", "-1"], "--tokens must be >= 0"),
     (["--prompt", "ab", "good.csv"], "--prompt continues text: leave out"),
     (["--prompt", "ab", "--split", "val"], "--prompt continues text: leave out --split val"),
+    (["--split", "val", "--amp", "fp16"], "--amp=fp16 needs a GPU; use --amp=bf16 on CPU"),
 ]
 
 

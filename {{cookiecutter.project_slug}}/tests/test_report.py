@@ -171,3 +171,30 @@ def test_regression_on_a_rank_without_validation_samples(tmp_path):
     assert two["count"] == alone["count"] == 1
     for key in ("loss", "rmse", "mae"):
         assert two[key] == pytest.approx(alone[key], rel=1e-9), key
+
+
+@pytest.mark.slow
+def test_a_report_cut_short_leaves_the_earlier_one_whole(tiny, tmp_path, monkeypatch):
+    """A kill while the report is written (here: while its picture is drawn) leaves the
+    earlier report as it was, never report.json of one checkpoint beside the picture of
+    another; the next evaluation replaces it whole."""
+    pytest.importorskip("matplotlib")
+    fit(load_config(None, tiny))
+    run = Path(load_config(None, tiny).run.output_dir) / "default"
+    first, second = sorted(run.glob("step-*.pt"))  # the two epochs
+    folder = tmp_path / "report"
+    assert evaluate_main(["--checkpoint", str(first), "--report", str(folder)]) == 0
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def killed(*args):
+        raise KeyboardInterrupt  # as a kill: the drawing never finishes
+
+    monkeypatch.setattr(report, "_confusion_png", killed)
+    assert evaluate_main(["--checkpoint", str(second), "--report", str(folder)]) == 130
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "runs"]  # no staging left
+    monkeypatch.undo()
+    assert evaluate_main(["--checkpoint", str(second), "--report", str(folder)]) == 0
+    saved = json.loads((folder / "report.json").read_text())
+    assert saved["metrics"]["checkpoint"] == str(second)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(before)

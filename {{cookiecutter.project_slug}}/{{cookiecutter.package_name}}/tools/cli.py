@@ -1,14 +1,17 @@
-"""What every entry point shares: its parser, and the one place that turns an exception into
-an exit code and one line.
+"""What every entry point shares: its parser (an argument error is one bounded line), the one
+place that turns an exception into an exit code and one line, and the tools' stop signals.
 
 Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path,
-checkpoint, data, a full disk or an unwritable folder), 75 stopped by SIGTERM/SIGUSR1 or a
-first Ctrl-C after saving a checkpoint (run again to resume), 130 a second Ctrl-C.
+checkpoint, data, a full disk or an unwritable folder, a bad argument), 75 stopped by
+SIGTERM/SIGUSR1 (training: after saving a checkpoint, or a first Ctrl-C; run again to resume.
+A tool: before its output was put in place, nothing written), 130 a second Ctrl-C (a tool:
+the first).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
 import os
@@ -17,27 +20,101 @@ import signal
 import sys
 from pathlib import Path
 
-from ..errors import UserError, first_line, is_out_of_memory, user_message
+from ..errors import UserError, bounded, first_line, is_out_of_memory, user_message
+from ..utils import signals
+
+EXIT_STOPPED = 75  # as training's EXIT_PREEMPTED: stopped by a signal, run it again
 
 
-def make_parser(description: str, example: str) -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one `error:` line, bounded like every other (a megabyte
+    value is cut), without the usage block: --help shows that."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {bounded(f'{message}; see {self.prog} --help')}\n")
+
+
+def make_parser(description: str, example: str) -> Parser:
     """A script's parser; `example` shows overrides that mean something to that script."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = Parser(description=description)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     return parser
 
 
-def guard(run, debug: bool, where: dict | None = None) -> int:
+def force_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """--force, with the rule every tool's output follows (tools/outputs.py)."""
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help=f"replace an existing --out that is not {what}; a run's checkpoints and records "
+        "and the command's own inputs are never replaced",
+    )
+
+
+class Stopped(BaseException):
+    """A stop signal (SIGTERM, SIGUSR1) that reached a tool before it put its output in place.
+    A BaseException, as KeyboardInterrupt: no `except Exception` of the work swallows it."""
+
+
+_held: list[int] = []  # stop signals noted while a tool cannot act on them
+_placing = [False]  # the tool is putting its output in place: a stop waits for that
+
+
+def hold_signals() -> None:
+    """For a tool's script, before its imports (torch takes seconds): a stop signal (SIGTERM,
+    SIGUSR1, Ctrl-C) is noted until guard(stoppable=True) acts on it (exit 75, or 130 for
+    Ctrl-C; nothing written), and only noted once the tool has returned."""
+    signals.catch(signals.SIGNALS, _hold)
+    # Python's shutdown sets the handlers back to the default (die): ignored, a late signal
+    # leaves the exit status as it was.
+    atexit.register(signals.catch, signals.SIGNALS, signal.SIG_IGN)
+
+
+def _hold(signum, frame) -> None:
+    _held.append(signum)
+
+
+def _stop(signum, frame) -> None:
+    if _placing[0]:
+        _held.append(signum)  # the output is being put in place: let it finish, whole
+    elif signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    else:
+        raise Stopped(signal.Signals(signum).name)
+
+
+def placing_output() -> None:
+    """A tool calls this right before it puts its output in place (the renames): from here
+    to its end a stop signal is only noted, so the output is whole and the exit code says so."""
+    _placing[0] = True
+
+
+def _act_on_held() -> None:
+    if _held:
+        _stop(_held.pop(0), None)
+
+
+def guard(run, debug: bool, where: dict | None = None, stoppable: bool = False) -> int:
     """Bad input is the user's to fix: one line naming it, exit 2, no traceback.
 
     Besides UserError, that covers what the file system refuses (a full disk, a file-size
     limit, a read-only or unwritable folder, a file where a folder should be, a name too long)
-    and allocations too large for the machine. Other errors keep their traceback."""
+    and allocations too large for the machine. Other errors keep their traceback.
+    `stoppable` (the tools; training has its own StopSignal): a stop signal ends the tool at
+    once, with one line, until placing_output(): exit 75 (SIGTERM, SIGUSR1), 130 (Ctrl-C)."""
     _ignore_sigxfsz()
     debug = debug or bool(os.environ.get("DEBUG"))
+    previous = signals.catch(signals.SIGNALS, _stop) if stoppable else {}
+    _placing[0] = False
     try:
+        if stoppable:
+            _act_on_held()  # one that came during start-up
         return run()
+    except Stopped as exc:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"stopped by {exc}; nothing was written: run the command again", file=sys.stderr)
+        return EXIT_STOPPED
     except UserError as exc:
         if debug:
             raise
@@ -53,6 +130,10 @@ def guard(run, debug: bool, where: dict | None = None) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if stoppable:
+            signals.restore(previous)
+            _held.clear()
 
 
 # errno -> the fix. An OSError naming a file is the user's to fix; without a file name, only

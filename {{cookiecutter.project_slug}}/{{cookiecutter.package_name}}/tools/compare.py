@@ -3,12 +3,13 @@ best metric, epochs, steps, wall time and only the settings that differ between 
 plot of their validation curves, a colour per run.
 
 Everything is read from the run folders (config.yaml, metrics.csv; the best value from
-runs.csv, else last.pt), so runs from different sweeps and output folders mix freely.
+runs.csv, else last.pt), so runs from different sweeps and output folders mix freely. The
+plot follows outputs.check_out: never over a run's file; an existing file only where it is
+a plot this tool drew (a PNG text chunk says so), or with --force.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import glob
 import math
@@ -21,15 +22,27 @@ import yaml
 from ..config import from_dict
 from ..errors import UserError
 from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
-from .cli import guard
+from . import cli, outputs
 from .sweep_report import best_value, markdown_table, runs_table
 
 # How a run was named or started, not how it trained: never listed as a difference.
 NOT_COMPARED = ("run.name", "train.resume")
 _MISSING = "-"  # a setting one run's config lacks (an older version of the project)
+MARK = {"Description": "compare_runs.py: validation curves"}  # in the PNG: this tool's own
 
 
-def compare(args: list[str], out: Path | None, x: str = "step") -> int:
+def is_compare_plot(path: Path) -> bool:
+    """Whether `path` is a PNG this tool drew: its text chunks (before the image) hold MARK."""
+    chunk = b"tEXtDescription\0" + MARK["Description"].encode()
+    try:
+        with path.open("rb") as f:
+            head = f.read(65536)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and chunk in head
+
+
+def compare(args: list[str], out: Path | None, x: str = "step", force: bool = False) -> int:
     """Print the table of the runs that `args` name and draw `out` (None: compare.png in the
     folder that holds them, as checkpoints/ holds checkpoints/*, never the working folder); 0.
     A run that cannot be read is skipped with a line."""
@@ -43,9 +56,11 @@ def compare(args: list[str], out: Path | None, x: str = "step") -> int:
     if not runs:
         raise UserError(f"no run among {' '.join(args)} could be read (see the lines above)")
     out = out or Path(os.path.commonpath([run.parent for run in runs])) / "compare.png"
+    outputs.check_out(out, runs, is_compare_plot, force)
     labels = _labels(runs)
     print(table(labels, summaries))
     curves = {label: s["columns"] for label, s in zip(labels, summaries, strict=True)}
+    cli.placing_output()  # the table is printed; a stop now waits for the plot
     lines = plot_overlay(curves, out, x)
     if lines:
         print(f"validation curves: {out}")
@@ -174,7 +189,7 @@ def plot_overlay(runs: dict[str, dict[str, list[float]]], out: Path, x: str = "s
         for label, c in zip(runs, colours, strict=True)
     ]
     axes[0].legend(handles=legend, fontsize="small")
-    return save_figure(fig, out)
+    return save_figure(fig, out, MARK)
 
 
 def _settings(config: dict) -> dict:
@@ -213,7 +228,7 @@ def _duration(seconds: float) -> str:
 
 
 def compare_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         description="Compare runs: a table of their results and the settings that differ, "
         "and their validation curves on one plot."
     )
@@ -225,13 +240,16 @@ def compare_main(argv: list[str] | None = None) -> int:
         "checkpoints/*",
     )
     parser.add_argument(
-        "--out", help="the plot (default: compare.png in the folder holding the runs)"
+        "--out",
+        help="the plot (default: compare.png in the folder holding the runs); a plot this tool "
+        "drew is replaced, any other existing file only with --force",
     )
+    cli.force_option(parser, "a plot this tool drew")
     parser.add_argument("--x", choices=("step", "epoch"), default="step", help="x axis")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     args = parser.parse_args(argv)
 
     def run() -> int:
-        return compare(args.runs, Path(args.out) if args.out else None, args.x)
+        return compare(args.runs, Path(args.out) if args.out else None, args.x, args.force)
 
-    return guard(run, args.debug)
+    return cli.guard(run, args.debug, stoppable=True)

@@ -1,12 +1,13 @@
 """scripts/evaluate.py and scripts/consolidate.py: validate a checkpoint (with an optional
-report), or write a sharded checkpoint's full model to one file."""
+report), or write a sharded checkpoint's full model to one file. Where each may write follows
+outputs.py (the report folder: report.check_folder)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+from . import cli, outputs
 from .cli import guard, make_parser
 
 
@@ -18,7 +19,9 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
     parser.add_argument(
-        "--report", help="folder for the report (default: <checkpoint stem>_report beside it)"
+        "--report",
+        help="folder for the report (default: <checkpoint stem>_report beside it); an earlier "
+        "report there is replaced whole, a folder holding anything else is refused",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the metrics as one JSON line (for scripts)"
@@ -37,7 +40,7 @@ def evaluate_main(argv: list[str] | None = None) -> int:
             print(" | ".join(f"{k} {_value(v)}" for k, v in metrics.items()))
         return 0
 
-    return guard(run, args.debug)
+    return guard(run, args.debug, stoppable=True)
 
 
 def _value(v) -> str:
@@ -55,6 +58,8 @@ def evaluate_checkpoint(
     from . import report
     from .inference import load_trained
 
+    if report_dir:  # before the evaluation: a refused folder costs nothing
+        report.check_folder(Path(report_dir), path)
     # The model from the checkpoint alone; a bare state_dict carries no config: the defaults
     # plus the overrides describe its model.
     trained = load_trained(path, overrides)
@@ -91,19 +96,42 @@ def evaluate_checkpoint(
 
 
 def consolidate_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         description="Write the full model of a sharded (train.strategy=fsdp) checkpoint to one "
         "file that scripts/evaluate.py and train.init_from read."
     )
     parser.add_argument("--checkpoint", required=True, help="step-N.pt, last.pt or best.pt")
-    parser.add_argument("--out", help="file to write (default: <checkpoint>.full.pt beside it)")
+    parser.add_argument(
+        "--out",
+        help="file to write (default: <checkpoint stem>.full.pt beside it); an earlier "
+        "consolidated file is replaced, any other existing file only with --force",
+    )
+    cli.force_option(parser, "an earlier consolidated checkpoint")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     args = parser.parse_args(argv)
 
     def run() -> int:
         from ..checkpoint import consolidate
 
-        print(f"wrote {consolidate(args.checkpoint, args.out)}")
+        path = Path(args.checkpoint)
+        out = Path(args.out) if args.out else path.with_name(f"{path.stem}.full.pt")
+        outputs.check_out(out, [path], is_consolidated, args.force)
+        # A stop stays honoured while the shards are read: the file is written through a
+        # temporary and a rename (checkpoint.atomic_save), so a stop leaves the old one.
+        print(f"wrote {consolidate(path, out)}")
         return 0
 
-    return guard(run, args.debug)
+    return guard(run, args.debug, stoppable=True)
+
+
+def is_consolidated(path: Path) -> bool:
+    """Whether `path` is a file consolidate wrote (its meta names the sharded checkpoint);
+    memory-mapped, so a large model is not read to find out."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch file, truncated, pickled objects: not ours
+        return False
+    meta = state.get("meta") if isinstance(state, dict) else None
+    return isinstance(meta, dict) and "consolidated_from" in meta

@@ -11,8 +11,11 @@ Every export is checked against the eager model: the written file is loaded back
 real validation samples (the split rebuilt from the checkpoint's config and meta, as
 evaluate.py does), and the largest absolute difference of the outputs must stay within
 `atol`. Only an artifact that passed replaces the previous one: it is written in memory,
-then to a hidden folder beside the target, fsynced, checked and renamed over it, its JSON
-after it (what goes in and comes out, classes or vocabulary, task, format, parity result).
+then to a hidden folder beside the target (.<name>.tmp<pid>/; one a killed export left is
+removed by the next), fsynced, checked and renamed over it, its JSON after it (what goes in
+and comes out, classes or vocabulary, task, format, parity result). The target follows
+outputs.check_out: never a run's checkpoint or record; an existing file only where it is an
+earlier export (its JSON names it), or with --force.
 
 ONNX needs the optional extra (pip install -e ".[export]": onnx, onnxscript; onnxruntime
 runs the parity check, which is skipped with a note without it).
@@ -20,7 +23,6 @@ runs the parity check, which is skipped with a note without it).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import json
@@ -29,7 +31,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ from torch import nn
 
 from ..checkpoint import fsync_dir
 from ..errors import UserError, first_line
-from .cli import guard
+from . import cli, outputs
 from .formats import EXPORTERS, ExportError, quiet, run_artifact, write_bytes
 from .inference import Trained, load_trained, validation_inputs
 from .serving import Serving, contract, serving_model
@@ -47,7 +48,9 @@ ALTERNATIVES = {"torchscript": "export", "export": "torchscript", "onnx": "expor
 SAMPLES = 64  # validation inputs the parity check runs
 
 
-def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4) -> dict:
+def export(
+    checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4, force: bool = False
+) -> dict:
     """Export, check parity, and only then put the artifact and its metadata JSON in place;
     returns that metadata. Raises ExportError (one line naming the construct and another
     format) when export fails, UserError for a bad --atol or --out or a failed write."""
@@ -59,6 +62,9 @@ def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4
             f"--out {str(path)!r} is a folder; give a file name, e.g. "
             f"--out {path / (Path(checkpoint).stem + SUFFIXES[fmt])}"
         )
+    earlier = is_export(path)
+    for written in _written(path, fmt):
+        outputs.check_out(written, [checkpoint], lambda _: earlier, force)
     trained = load_trained(checkpoint)
     model = serving_model(trained)
     x, source = _parity_inputs(trained, model)
@@ -79,8 +85,25 @@ def export(checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4
         meta = _metadata(trained, fmt, path, parity) | {"files": files}
         if parity.get("passed", True):  # a failed artifact goes with the staging folder
             write_bytes(staged / f"{path.name}.json", json.dumps(meta, indent=2).encode())
+            cli.placing_output()
             _publish(staged, path, files)
     return meta
+
+
+def is_export(artifact: Path) -> bool:
+    """Whether `artifact` (and its JSON beside it) is an earlier export: the JSON names it."""
+    try:
+        meta = json.loads(artifact.with_name(f"{artifact.name}.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("file") == artifact.name and "parity" in meta
+
+
+def _written(path: Path, fmt: str) -> list[Path]:
+    """The files an export to `path` writes (or removes): the artifact, its JSON, and the
+    weights file of a large ONNX model."""
+    data = [path.with_name(f"{path.name}.data")] if fmt == "onnx" else []
+    return [path, path.with_name(f"{path.name}.json"), *data]
 
 
 def _export(fmt: str, trained: Trained, model: nn.Module, example, path: Path) -> None:
@@ -109,7 +132,9 @@ def _writing(path: Path):
     staged = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        staged = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp", dir=path.parent))
+        staged = outputs.staging(path)  # named by the pid: outputs.remove_stale knows it
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir()
         yield staged
     except OSError as exc:
         reason = exc.strerror or str(exc)
@@ -194,18 +219,23 @@ def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
 
 
 def export_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         description="Export a checkpoint's model, checked against the eager model."
     )
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
     parser.add_argument("--format", required=True, choices=["torchscript", "export", "onnx"])
-    parser.add_argument("--out", help="file to write (default: beside the checkpoint)")
+    parser.add_argument(
+        "--out",
+        help="file to write (default: beside the checkpoint); an earlier export there (its "
+        "JSON names it) is replaced once the new one passed, any other file only with --force",
+    )
+    cli.force_option(parser, "an earlier export")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest output difference")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     args = parser.parse_args(argv)
 
     def run() -> int:
-        meta = export(args.checkpoint, args.format, args.out, args.atol)
+        meta = export(args.checkpoint, args.format, args.out, args.atol, args.force)
         parity, where = meta["parity"], f"{Path(meta['checkpoint']).parent}/{meta['file']}"
         where = args.out or where
         if len(meta["files"]) > 1:  # ONNX over 2 GB: the weights are a second file
@@ -227,4 +257,4 @@ def export_main(argv: list[str] | None = None) -> int:
         print(f"wrote {where} (+ .json): {line}")
         return 0
 
-    return guard(run, args.debug)
+    return cli.guard(run, args.debug, stoppable=True)

@@ -3,6 +3,12 @@ config and "io" (input shape and dtype, output size), its weights, and the data 
 how to read new inputs (classes, normalisation, image size, vocabulary) and its outputs
 (regression targets' mean and std, through the task). predict.py and export.py start here;
 the validation split is rebuilt only where real samples are needed.
+
+Mixed precision: predict.py, like evaluate.py, runs the model under the checkpoint's
+train.amp. Its validation metrics, and so the choice of best.pt, were measured under it: in
+a bf16 run, fp32 would give other probabilities (and now and then another class) than the
+metrics that picked the model, and than evaluate.py. --amp (predict) or train.amp=...
+(evaluate) overrides it; an exported artifact computes in fp32.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from torch import nn
 from .. import checkpoint
 from ..config import Config, load_config
 from ..data import example_inputs
+from ..errors import ConfigError
 from ..models import build_model, example_of, model_io
 from ..tasks import TASKS, build_task
 from ..trainer import build_data
+from ..utils.device import check_amp
 
 
 @dataclass
@@ -75,3 +83,15 @@ def validation_set(trained: Trained):
 def validation_inputs(trained: Trained, n: int) -> torch.Tensor:
     """Up to `n` validation inputs as one batch."""
     return example_inputs(validation_set(trained), n)
+
+
+def inference_amp(trained: Trained, device: torch.device, amp: str | None = None) -> str:
+    """The mixed precision to predict under: `amp` (--amp) if given, checked for the device,
+    else the checkpoint's train.amp (as evaluate.py uses; see the docstring above)."""
+    if amp is None:
+        return trained.cfg.train.amp
+    try:
+        check_amp(amp, device)
+    except ConfigError as exc:  # its message names the config key; here it is the option
+        raise ConfigError(str(exc).replace("train.amp", "--amp")) from None
+    return amp

@@ -21,68 +21,29 @@ refusal is one ConfigError naming the input and the fix; nothing is written then
 
 Outputs are one CSV row per input: its id, the predicted class name and its probability, or
 the predicted values (regression: in the targets' units, mapped back with meta["target_mean"]
-/ meta["target_std"]); plus the known label, if any. The CSV replaces `out` in one step.
+/ meta["target_std"]); plus the known label, if any. The CSV replaces `out` in one step,
+where outputs.check_out allows it. The model runs under the checkpoint's train.amp, as
+evaluate.py does (--amp overrides it).
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io as text_io
 import math
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
-from ..data.image_folder import EXTENSIONS
 from ..errors import ConfigError, UserError
 from ..utils import locks
-from ..utils.device import resolve_device
-from .cli import guard
-from .inference import Trained, load_trained
-from .predict_inputs import read_csv, read_images, read_split, read_tensors
+from ..utils.device import autocast, resolve_device
+from . import cli, outputs
+from .inference import Trained, inference_amp, load_trained
+from .predict_inputs import check_inputs, read_csv
 
-IMAGE_SUFFIXES = EXTENSIONS  # the files image folders train on
-
-
-class Inputs(NamedTuple):
-    name: str  # for messages: "CSV file 'new.csv'"
-    ids: list[str]  # one per row of x: file:line, file:index, image path, val:index
-    x: torch.Tensor  # (N, ...) as the model takes them
-    labels: list | None  # one per row ("" = unknown), or None
-
-
-def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
-    """One Inputs per table or tensor file, and one for all images: the reader is chosen by
-    the file type; a folder stands for the images in it."""
-    images = []
-    for name in names:
-        path, suffix = Path(name), Path(name).suffix.lower()
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-            if not found:
-                raise ConfigError(
-                    f"folder {name!r} holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})"
-                )
-            images += found
-        elif not path.is_file():
-            raise ConfigError(f"input {name!r} not found")
-        elif suffix == ".csv":
-            yield Inputs(f"CSV file {name!r}", *read_csv(path, trained))
-        elif suffix in (".pt", ".pth"):
-            yield Inputs(f"tensor file {name!r}", *read_tensors(path, trained))
-        elif suffix in IMAGE_SUFFIXES:
-            images.append(path)
-        else:
-            raise ConfigError(
-                f"input {name!r}: unknown file type; give .csv tables, .pt tensor files, "
-                "images or folders of images (or --prompt for a language model)"
-            )
-    if images:
-        yield Inputs(f"image file {str(images[0])!r}", *read_images(images, trained))
+__all__ = ["check_inputs", "check_options", "generate", "predict", "predict_main", "read_csv"]
 
 
 def check_options(
@@ -104,48 +65,17 @@ def check_options(
         raise ConfigError(str(exc).replace("run.device", "--device")) from None
 
 
-def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[Inputs]:
-    """Every input read and checked against the checkpoint's io before the model runs: the
-    readers check columns, values and labels; here the sample shape and dtype, and that
-    every value is finite."""
-    if names and split:
-        raise ConfigError(f"--split {split} reads the run's own split: leave out {names[0]!r}")
-    if not names and not split:
-        raise ConfigError("no inputs given: pass files or folders, --split val, or --prompt")
-    sources = [Inputs("the validation split", *read_split(trained))] if split else []
-    sources += inputs_of(names, trained)
-    io = trained.io
-    floats = getattr(torch, io["input_dtype"]).is_floating_point
-    shape = tuple(io["input_shape"])
-    fix = "x.float() (x.float() / 255 for 8-bit images)" if floats else "x.long()"
-    for name, ids, x, _ in sources:
-        if len(x) == 0:
-            raise ConfigError(f"{name} holds no inputs; give it at least one")
-        if x.is_floating_point() != floats or x.dtype == torch.bool or x.is_complex():
-            raise ConfigError(
-                f"{name}: x is {str(x.dtype).removeprefix('torch.')}, the model takes "
-                f"{io['input_dtype']}; convert it once, e.g. {fix}"
-            )
-        if tuple(x.shape[1:]) != shape:
-            raise ConfigError(
-                f"{name}: inputs of shape {tuple(x.shape[1:])}, the model takes {shape} "
-                "(x is (N, *shape)); give inputs like its training data"
-            )
-        if floats and not torch.isfinite(x).all():
-            bad = ids[int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])]
-            raise ConfigError(f"{name}: input {bad} holds nan or inf; fix or drop it")
-    return sources
-
-
 @torch.inference_mode()
 def predict_rows(
-    trained: Trained, x: torch.Tensor, device: torch.device, batch_size: int
+    trained: Trained, x: torch.Tensor, device: torch.device, batch_size: int, amp: str = "off"
 ) -> list[list]:
-    """The model's predictions for `x`, batch by batch: [class name, probability] per row for
-    a classifier, else its output values in the targets' units (task.decode)."""
+    """The model's predictions for `x`, batch by batch, under `amp`: [class name, probability]
+    per row for a classifier, else its output values in the targets' units (task.decode)."""
     model, rows = trained.model.to(device), []
     for start in range(0, len(x), batch_size):
-        output = trained.task.decode(model(x[start : start + batch_size].to(device))).cpu()
+        with autocast(device, amp):
+            output = model(x[start : start + batch_size].to(device))
+        output = trained.task.decode(output.float()).cpu()
         if trained.classes:
             prob, index = output.float().softmax(-1).max(-1)
             rows += [
@@ -157,6 +87,20 @@ def predict_rows(
     return rows
 
 
+def is_predictions(path: Path) -> bool:
+    """Whether `path` is a CSV this tool wrote (its header: input, prediction..., label)."""
+    try:
+        with path.open(encoding="utf-8", newline="") as f:
+            header = f.readline(4096).rstrip("\r\n").split(",")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return (
+        header[0] == "input"
+        and header[1:2] in (["prediction"], ["prediction_0"])
+        and (header[-1] == "label")
+    )
+
+
 def predict(
     checkpoint: str,
     inputs: list[str],
@@ -164,20 +108,26 @@ def predict(
     out: str | None = None,
     batch_size: int = 256,
     device: str = "auto",
+    amp: str | None = None,
+    force: bool = False,
 ) -> dict:
-    """Predict every input; write the CSV to `out` (stdout when None). Returns
-    {"rows": n, "accuracy": of labelled classification rows, else None}."""
+    """Predict every input under `amp` (None: the checkpoint's train.amp); write the CSV to
+    `out` (stdout when None). Returns {"rows": n, "accuracy": of labelled classification
+    rows, else None, "amp": the mixed precision used}."""
     target = check_options(batch_size, device)
     trained = load_trained(checkpoint)
     if trained.cfg.task.name == "language_model":
         raise ConfigError(f"checkpoint {checkpoint!r} is a language model: pass --prompt TEXT")
+    amp = inference_amp(trained, target, amp)
     sources = check_inputs(trained, inputs, split)
-    outputs = trained.io["num_outputs"]
-    values = ["prediction"] if outputs == 1 else [f"prediction_{i}" for i in range(outputs)]
+    if out:  # after the inputs, so that a bad one is named first; before the model runs
+        outputs.check_out(Path(out), [checkpoint, *inputs], is_predictions, force)
+    width = trained.io["num_outputs"]
+    values = ["prediction"] if width == 1 else [f"prediction_{i}" for i in range(width)]
     header = ["prediction", "probability"] if trained.classes else values
     table, correct, labelled = [], 0, 0
     for _, ids, x, labels in sources:
-        for i, row in enumerate(predict_rows(trained, x, target, batch_size)):
+        for i, row in enumerate(predict_rows(trained, x, target, batch_size, amp)):
             label = labels[i] if labels else ""
             table.append([ids[i], *row, label])
             if label != "" and trained.classes:
@@ -189,10 +139,11 @@ def predict(
     writer.writerows(table)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
+        cli.placing_output()
         locks.replace_text(Path(out), buffer.getvalue())
     else:
         sys.stdout.write(buffer.getvalue())
-    return {"rows": len(table), "accuracy": correct / labelled if labelled else None}
+    return {"rows": len(table), "accuracy": correct / labelled if labelled else None, "amp": amp}
 
 
 def generate(
@@ -202,8 +153,10 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     device: str = "auto",
+    amp: str | None = None,
 ) -> str:
-    """The prompt continued by `tokens` tokens of the checkpoint's language model."""
+    """The prompt continued by `tokens` tokens of the checkpoint's language model, under
+    `amp` (None: the checkpoint's train.amp)."""
     if tokens < 0:
         raise ConfigError(f"--tokens must be >= 0, got {tokens}")
     target = check_options(device=device, temperature=temperature, top_k=top_k)
@@ -223,26 +176,41 @@ def generate(
             f"({''.join(vocab)[:60]!r})"
         )
     idx = torch.tensor([[index[c] for c in prompt]], device=target)
-    out = trained.model.to(target).generate(idx, tokens, temperature=temperature, top_k=top_k)
+    with autocast(target, inference_amp(trained, target, amp)):
+        out = trained.model.to(target).generate(idx, tokens, temperature=temperature, top_k=top_k)
     return "".join(vocab[i] for i in out[0].tolist())
 
 
-def predict_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def _parser() -> cli.Parser:
+    parser = cli.Parser(
         description="Predict with a checkpoint: a CSV of predictions, or generated text."
     )
     parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV, .pt, images, folders")
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
     parser.add_argument("--split", choices=["val"], help="the run's own validation split")
-    parser.add_argument("--out", help="CSV file to write (default: print the CSV)")
+    parser.add_argument(
+        "--out",
+        help="CSV file to write (default: print the CSV); an earlier prediction CSV is "
+        "replaced, any other existing file only with --force",
+    )
+    cli.force_option(parser, "an earlier prediction CSV")
     parser.add_argument("--batch-size", type=int, default=256, help="inputs per forward pass")
     parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda")
+    parser.add_argument(
+        "--amp",
+        choices=["off", "bf16", "fp16"],
+        help="mixed precision (default: the checkpoint's train.amp, as evaluate.py uses)",
+    )
     parser.add_argument("--prompt", help="language models: text to continue")
     parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 picks the likeliest")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def predict_main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     def run() -> int:
         # Every option is checked, used or not: a nan given for --prompt's sampling must not
@@ -259,16 +227,26 @@ def predict_main(argv: list[str] | None = None) -> int:
                 args.temperature,
                 args.top_k,
                 args.device,
+                args.amp,
             )
             print(text)
             return 0
         done = predict(
-            args.checkpoint, args.inputs, args.split, args.out, args.batch_size, args.device
+            args.checkpoint,
+            args.inputs,
+            args.split,
+            args.out,
+            args.batch_size,
+            args.device,
+            args.amp,
+            args.force,
         )
         if args.out:
             acc = done["accuracy"]
             note = f" (accuracy {acc:.4f} against the labels given)" if acc is not None else ""
+            if done["amp"] != "off":
+                note += f"; under {done['amp']} autocast, as trained (--amp off: fp32)"
             print(f"wrote {done['rows']} predictions to {args.out}{note}")
         return 0
 
-    return guard(run, args.debug)
+    return cli.guard(run, args.debug, stoppable=True)

@@ -1,6 +1,7 @@
 """Readers of predict.py's inputs: each turns files into (ids, inputs, labels) with the
 preprocessing saved in the checkpoint's data meta, and refuses what it cannot read right
-(columns, values, labels the model does not know) on one line naming the file, row and column.
+(columns, values, labels the model does not know) on one line naming the file, row and column;
+check_inputs reads them all and checks them against the checkpoint before the model runs.
 """
 
 from __future__ import annotations
@@ -9,17 +10,20 @@ import csv
 import math
 import pickle
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from ..data.csv_table import is_number
-from ..data.image_folder import decode
+from ..data.image_folder import EXTENSIONS, decode
 from ..errors import ConfigError
 from .inference import Trained, validation_set
 
 SAVE = "the inputs with torch.save, in a dict with the key 'x'"
 FIELD_LIMIT = 65536  # characters in one CSV field: more is an unclosed quote, not a number
+IMAGE_SUFFIXES = EXTENSIONS  # the files image folders train on
 
 
 def _short(value: str, limit: int = 40) -> str:
@@ -211,3 +215,73 @@ def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:
     xs, ys = zip(*(val[i] for i in range(len(val))), strict=True)
     y = torch.stack(ys)
     return [f"val:{i}" for i in range(len(val))], torch.stack(xs), _labels(y, trained, "", len(y))
+
+
+class Inputs(NamedTuple):
+    name: str  # for messages: "CSV file 'new.csv'"
+    ids: list[str]  # one per row of x: file:line, file:index, image path, val:index
+    x: torch.Tensor  # (N, ...) as the model takes them
+    labels: list | None  # one per row ("" = unknown), or None
+
+
+def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
+    """One Inputs per table or tensor file, and one for all images: the reader is chosen by
+    the file type; a folder stands for the images in it."""
+    images = []
+    for name in names:
+        path, suffix = Path(name), Path(name).suffix.lower()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise ConfigError(
+                    f"folder {name!r} holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})"
+                )
+            images += found
+        elif not path.is_file():
+            raise ConfigError(f"input {name!r} not found")
+        elif suffix == ".csv":
+            yield Inputs(f"CSV file {name!r}", *read_csv(path, trained))
+        elif suffix in (".pt", ".pth"):
+            yield Inputs(f"tensor file {name!r}", *read_tensors(path, trained))
+        elif suffix in IMAGE_SUFFIXES:
+            images.append(path)
+        else:
+            raise ConfigError(
+                f"input {name!r}: unknown file type; give .csv tables, .pt tensor files, "
+                "images or folders of images (or --prompt for a language model)"
+            )
+    if images:
+        yield Inputs(f"image file {str(images[0])!r}", *read_images(images, trained))
+
+
+def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[Inputs]:
+    """Every input read and checked against the checkpoint's io before the model runs: the
+    readers check columns, values and labels; here the sample shape and dtype, and that
+    every value is finite."""
+    if names and split:
+        raise ConfigError(f"--split {split} reads the run's own split: leave out {names[0]!r}")
+    if not names and not split:
+        raise ConfigError("no inputs given: pass files or folders, --split val, or --prompt")
+    sources = [Inputs("the validation split", *read_split(trained))] if split else []
+    sources += inputs_of(names, trained)
+    io = trained.io
+    floats = getattr(torch, io["input_dtype"]).is_floating_point
+    shape = tuple(io["input_shape"])
+    fix = "x.float() (x.float() / 255 for 8-bit images)" if floats else "x.long()"
+    for name, ids, x, _ in sources:
+        if len(x) == 0:
+            raise ConfigError(f"{name} holds no inputs; give it at least one")
+        if x.is_floating_point() != floats or x.dtype == torch.bool or x.is_complex():
+            raise ConfigError(
+                f"{name}: x is {str(x.dtype).removeprefix('torch.')}, the model takes "
+                f"{io['input_dtype']}; convert it once, e.g. {fix}"
+            )
+        if tuple(x.shape[1:]) != shape:
+            raise ConfigError(
+                f"{name}: inputs of shape {tuple(x.shape[1:])}, the model takes {shape} "
+                "(x is (N, *shape)); give inputs like its training data"
+            )
+        if floats and not torch.isfinite(x).all():
+            bad = ids[int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])]
+            raise ConfigError(f"{name}: input {bad} holds nan or inf; fix or drop it")
+    return sources

@@ -6,6 +6,10 @@ are skipped with a one-line note.
 
 Under torchrun every rank sees its shard: a classifier's confusion counts are all-reduced as
 sums, regression predictions are gathered to rank 0.
+
+The folder is written whole: its files go to a hidden staging folder beside it
+(.<name>.tmp<pid>/, removed by the next start if a kill left it), which then replaces the
+earlier report by a rename, so its files never describe two checkpoints.
 """
 
 from __future__ import annotations
@@ -13,13 +17,19 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
 
 from .. import distributed
+from ..errors import UserError
 from ..utils import locks
 from ..utils.plots import INSTALL_HINT, available, save_figure
+from . import cli, outputs
+
+FILES = ("report.json", "per_class.csv", "confusion_matrix.png", "pred_vs_true.png")
 
 
 class Collector:
@@ -75,11 +85,67 @@ def per_class(confusion: torch.Tensor, classes: list[str]) -> list[dict]:
     return rows
 
 
+def is_report(folder: Path) -> bool:
+    """Whether `folder` is a report this tool wrote: report.json and other report files only."""
+    try:
+        names = {path.name for path in folder.iterdir()}
+        return (
+            "report.json" in names
+            and names <= set(FILES)
+            and ("metrics" in json.loads((folder / "report.json").read_text("utf-8")))
+        )
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_folder(folder: Path, checkpoint: str) -> None:
+    """Where --report may go: never a run's folder or file; a new or empty folder, or an
+    earlier report (replaced whole, so a folder holding anything else is refused: no --force
+    would make that safe). Also removes what a killed report left beside it."""
+    outputs.refuse_run_file(folder, "--report")
+    outputs.refuse_input(folder, [checkpoint], "--report")
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--report {str(folder)!r} is a file; give a folder for the report")
+    if folder.is_dir() and any(folder.iterdir()) and not is_report(folder):
+        raise UserError(
+            f"--report {str(folder)!r} holds other files than an evaluation report, and the "
+            "report replaces its folder whole; choose a new or empty folder"
+        )
+    outputs.remove_stale(folder)
+
+
 def write(
     out_dir: Path, metrics: dict, collector: Collector, classes: list[str] | None
 ) -> list[str]:
-    """Write the report; returns lines to print (where it went, notes)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write the report whole: into a staging folder beside `out_dir`, which then replaces
+    it; returns lines to print (where it went, notes)."""
+    staged = outputs.staging(out_dir)
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    try:
+        notes = _write_files(staged, metrics, collector, classes)
+        cli.placing_output()  # a stop signal from here waits: the folder is swapped whole
+        _replace_folder(staged, out_dir)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return [f"report: {out_dir}", *notes]
+
+
+def _replace_folder(staged: Path, out_dir: Path) -> None:
+    """`staged` renamed to `out_dir`; an earlier report there goes aside first (a rename
+    cannot replace a folder that holds files) and is removed after."""
+    old = staged.with_name(f"{staged.name}.old")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        os.replace(out_dir, old)
+    os.replace(staged, out_dir)
+    locks.fsync_dir(out_dir.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_files(
+    out_dir: Path, metrics: dict, collector: Collector, classes: list[str] | None
+) -> list[str]:
+    """The report's files in `out_dir`; returns notes to print."""
     report: dict = {"metrics": metrics}
     if collector.task == "classification":
         names = classes or [str(i) for i in range(collector.k)]
@@ -95,16 +161,15 @@ def write(
         writer.writerows(rows)
         locks.replace_text(out_dir / "per_class.csv", table.getvalue())
     locks.replace_text(out_dir / "report.json", json.dumps(report, indent=2))
-    lines = [f"report: {out_dir}"]
     if not available():
-        return [*lines, f"note: matplotlib is not installed; no pictures ({INSTALL_HINT})"]
+        return [f"note: matplotlib is not installed; no pictures ({INSTALL_HINT})"]
     if collector.task == "classification":
         _confusion_png(collector.confusion.cpu(), names, out_dir / "confusion_matrix.png")
     elif collector.task == "regression" and collector.pairs:
         pred = torch.cat([p for p, _ in collector.pairs])
         true = torch.cat([t for _, t in collector.pairs])
         _scatter_png(pred, true, out_dir / "pred_vs_true.png")
-    return lines
+    return []
 
 
 def _figure(width: float, height: float):

@@ -215,7 +215,12 @@ def _rewind(path: Path, step: int) -> float:
 
 
 def _set_aside(path: Path, exc: Exception) -> None:
-    damaged = path.with_name(f"{path.name}.damaged")
+    """Rename `path` to <name>.damaged, or .damaged.2, .3 ... where an earlier one is kept:
+    each damaged record stays for a look, none replaces another."""
+    damaged, n = path.with_name(f"{path.name}.damaged"), 1
+    while damaged.exists():
+        n += 1
+        damaged = path.with_name(f"{path.name}.damaged.{n}")
     os.replace(path, damaged)
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
     print(f"warning: {path} is damaged ({reason}); set aside as {damaged.name}, a new one starts")

@@ -56,13 +56,13 @@ def subplot_grid(panels: int):
     return fig, flat[:panels]
 
 
-def save_figure(fig, path: Path) -> int:
+def save_figure(fig, path: Path, metadata: dict | None = None) -> int:
     """Write the PNG through a temporary file and a rename: a reader (an image viewer
-    refreshing, a sync job) never sees half a file. Returns the number of lines the figure
-    holds, which tests check."""
+    refreshing, a sync job) never sees half a file. `metadata`: PNG text chunks (a tool's
+    mark on its own output). Returns the number of lines the figure holds, which tests check."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        fig.savefig(tmp, format="png", dpi=100)
+        fig.savefig(tmp, format="png", dpi=100, metadata=metadata)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

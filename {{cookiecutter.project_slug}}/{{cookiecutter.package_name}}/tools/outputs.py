@@ -1,0 +1,169 @@
+"""Where a tool may write: the one rule for every tool's output (predict.py --out, export.py
+--out, compare_runs.py --out, consolidate.py --out, evaluate.py --report), and the clean-up
+of what a tool killed mid-write left beside its target.
+
+- Never over a run: a checkpoint (step-N.pt, last.pt, best.pt, *.pt.bad, what a step-N.dcp/
+  folder holds) or a record of a run, sweep or output folder (config.yaml, metrics.csv,
+  runs.csv, curves.png, sweep.json, study.db, results.csv, best.yaml, *.damaged, the locks,
+  tb/ ...). --force does not change that.
+- Never over one of the command's own inputs, by any name (a symlink, a hard link).
+- An existing file is replaced only where it is the tool's own earlier output of the same
+  kind (`own`: a prediction CSV, an export with its JSON, a compare plot, a consolidated
+  checkpoint, an evaluation report), or with --force.
+
+Each refusal is one UserError naming the path and the fix, raised before anything is written.
+A tool writes through a hidden temporary beside its target, `.<name>.tmp<pid>` (a file, or a
+staging folder); one left by a killed process is removed by the next start (remove_stale).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..errors import UserError
+
+# A run folder's checkpoints (checkpoint/run_folder.py): their names say what they are, so
+# they are refused wherever they are.
+CHECKPOINT = re.compile(r"step-\d+\.pt(\.bad)?|last\.pt|best\.pt")
+SHARDS = re.compile(r"step-\d+\.dcp(\.bad)?")  # train.strategy=fsdp: a checkpoint's shards
+# Records no other file is named like: refused wherever they are.
+RECORD = re.compile(
+    r"sweep\.json|study\.db(-journal|-wal|-shm)?|.+\.damaged(\.\d+)?|\.lock|\.sweep(\.run)?\.lock"
+    r"|events\.out\.tfevents\..*"
+)
+# Records with common names: refused inside a run, sweep or output folder (MARKS).
+FOLDER_RECORD = re.compile(
+    r"config\.yaml|metrics\.csv|runs\.csv|curves\.png|results\.csv|best\.yaml|sweep_array\.sh"
+    r"|\.tracked_step|tb|wandb|mlruns|logs"
+)
+TRACKER_FOLDERS = ("tb", "wandb", "mlruns", "logs")  # all they hold is the run's
+# A folder holding one of these is a run folder (config.yaml, .lock, step files), a sweep
+# folder (sweep.json) or an output folder (runs.csv).
+MARKS = ("config.yaml", ".lock", "sweep.json", "runs.csv", ".sweep.lock")
+
+
+def is_run_area(folder: Path) -> bool:
+    """Whether `folder` is a run, sweep or output folder (it holds one of their records)."""
+    if any((folder / mark).exists() for mark in MARKS):
+        return True
+    try:
+        return any(CHECKPOINT.fullmatch(entry.name) for entry in os.scandir(folder))
+    except OSError:  # not there (yet), not a folder, not readable
+        return False
+
+
+def run_file(path: Path) -> str | None:
+    """What `path` is to a run when it is a checkpoint or a record of one (existing or not):
+    a phrase for the error line; None for any other path."""
+    name, folder = path.name, path.parent
+    if CHECKPOINT.fullmatch(name):
+        return f"a checkpoint of a run ({name})"
+    if SHARDS.fullmatch(name) or any(SHARDS.fullmatch(p.name) for p in path.parents):
+        return "a checkpoint's shard folder or inside one"
+    if RECORD.fullmatch(name):
+        return f"a record of a run or sweep ({name})"
+    if FOLDER_RECORD.fullmatch(name) and is_run_area(folder):
+        return f"a record of the run folder {str(folder)!r} ({name})"
+    for inner in path.parents:
+        if inner.name in TRACKER_FOLDERS and is_run_area(inner.parent):
+            return f"inside the run folder's {inner.name}/"
+    if is_run_area(path):
+        return "a run, sweep or output folder"
+    return None
+
+
+def refuse_run_file(path: Path, option: str) -> None:
+    """One line, whatever --force says, where `path` (or what it links to) is a run's file."""
+    for candidate in dict.fromkeys([path, path.resolve()]):
+        what = run_file(candidate)
+        if what:
+            raise UserError(
+                f"{option} {str(path)!r} is {what}; a tool never writes over a run's "
+                f"checkpoints and records: choose another {option}"
+            )
+
+
+def refuse_input(path: Path, inputs: Iterable, option: str) -> None:
+    """One line where `path` is one of the command's inputs by any name (the same file
+    through a symlink or a hard link), or an existing file inside an input folder."""
+    if not path.exists():
+        return  # not there: it can be no input
+    for given in inputs:
+        source = Path(given)
+        try:
+            same = source.exists() and os.path.samefile(path, source)
+            inside = source.is_dir() and path.resolve().is_relative_to(source.resolve())
+        except OSError:
+            continue
+        if same or inside:
+            raise UserError(
+                f"{option} {str(path)!r} is one of this command's inputs ({str(given)!r}); "
+                f"choose another {option}"
+            )
+
+
+def check_out(
+    path: Path,
+    inputs: Iterable = (),
+    own: Callable[[Path], bool] | None = None,
+    force: bool = False,
+    option: str = "--out",
+) -> Path:
+    """`path` if the tool may write it (the rule above), else one UserError; also removes
+    the temporaries that a killed process left beside it."""
+    refuse_run_file(path, option)
+    refuse_input(path, list(inputs), option)
+    if path.is_dir():
+        raise UserError(f"{option} {str(path)!r} is a folder; give a file name")
+    if (path.exists() or path.is_symlink()) and not force and not (own and own(path)):
+        raise UserError(
+            f"{option} {str(path)!r} exists and is not an earlier output of this tool; "
+            f"choose another {option}, or pass --force to replace it"
+        )
+    remove_stale(path)
+    return path
+
+
+def staging(target: Path) -> Path:
+    """This process's hidden temporary beside `target` (remove_stale knows the name)."""
+    return target.with_name(f".{target.name}.tmp{os.getpid()}")
+
+
+def remove_stale(target: Path) -> list[Path]:
+    """Remove what a killed tool left beside `target`: `.<name>.tmp<pid>` files and folders
+    (and `.tmp<pid>.old`) whose process is gone. Another live process's are kept, and so is
+    every other file. Returns what was removed."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.tmp(\d+)(\.old)?")
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        found = pattern.fullmatch(entry.name)
+        if found and not _alive(int(found[1])):
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():  # ours from an earlier process of the same id: it is gone
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OverflowError:  # no process has such an id
+        return False
+    return True

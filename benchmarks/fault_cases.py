@@ -1006,6 +1006,69 @@ def _out_refused(tool: str, target: str):
         cmd = _tool_cmd(tool, ckpt, out, *force)
         return Plan(cmd, (2,), keep=_run_files(run), clean=[run], check=_names_run_file)
 
+
+# ---- resume under changed terms (issue 30: items 2, 4, 5, 11, 16) -------------------------
+
+
+def resume_terms_cases() -> list[Case]:
+    """A resume that cannot honour its terms refuses them (one line, nothing changed): another
+    run's checkpoint over an existing run, another best metric, a mid-epoch position the data
+    no longer has; another run's checkpoint into a new name continues there; a run folder
+    removed or replaced under a running run is not written again; kill -9 right after a
+    checkpoint loses no metrics row."""
+    return [
+        Case("resume-terms-other-run-over-existing", "resume-terms", ("syn",), _other_run(False)),
+        Case("resume-terms-other-run-into-new-name", "resume-terms", ("syn",), _other_run(True)),
+        Case("resume-terms-best-metric-changed", "resume-terms", ("syn",), _best_terms("loss")),
+        Case("resume-terms-best-metric-as-resolved", "resume-terms", ("syn",), _best_terms("acc")),
+        Case("resume-terms-folder-removed", "resume-terms", (), _folder_taken("removed")),
+        Case("resume-terms-folder-replaced", "resume-terms", (), _folder_taken("replaced")),
+        Case("resume-terms-kill-9-after-checkpoint", "resume-terms", ("syn",), _killed_after_save),
+        Case("resume-terms-mid-epoch-data-smaller", "resume-terms", (), _no_batch_left("smaller")),
+        Case("resume-terms-mid-epoch-batch-larger", "resume-terms", (), _no_batch_left("batch")),
+    ]
+
+
+def _package(ctx) -> str:
+    return next(ctx.project.glob("*/checkpoint/run_folder.py")).parent.parent.name
+
+
+def _run_files(run: Path) -> list[Path]:
+    return sorted(p for p in run.rglob("*") if p.is_file() and p.name != ".lock")
+
+
+def _epochs(run: Path) -> list[str]:
+    import csv
+
+    with (run / "metrics.csv").open(newline="") as f:
+        return [row["epoch"] for row in csv.DictReader(f)]
+
+
+def _other_run(new_name: bool):
+    """syn's last.pt into run mine (a copy of syn: checkpoints of its own), or into a new
+    name, where it continues as a run of its own (metrics.csv from epoch 3, its best.pt)."""
+
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "syn")
+        name = "fork" if new_name else "mine"
+        if not new_name:
+            subprocess.run(["cp", "-a", str(runs / "syn"), str(runs / "mine")], check=True)
+        cmd = py("train", *TINY, f"run.name={name}", f"run.output_dir={runs}")
+        cmd += [f"train.resume={runs / 'syn/last.pt'}", "train.epochs=3"]
+        if not new_name:
+            return Plan(cmd, (2,), keep=_run_files(runs / "mine"), clean=[runs])
+
+        def check(res) -> str | None:
+            run = runs / "fork"
+            if "resumed at step" not in res.out:
+                return "did not resume: no 'resumed at step' in the output"
+            best = (run / "best.pt").is_file()
+            if not best or _epochs(run) != ["3"]:
+                return f"new run incoherent: best.pt {best}, epochs {_epochs(run)}"
+            return None
+
+        return Plan(cmd, (0,), keep=_run_files(runs / "syn"), clean=[runs], check=check)
+
     return prepare
 
 
@@ -1036,6 +1099,19 @@ def _out_table(how: str, expect: int):
         keep = [table, Path(ckpt)] + ([out] if expect == 2 else [])
         check = _wrote_predictions(out, 8) if expect == 0 else None
         return Plan(cmd, (expect,), keep=keep, clean=[folder], check=check)
+
+
+def _best_terms(metric: str):
+    """syn chose best.pt by val acc (auto): loss is refused; acc, max (the same) resumes."""
+
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "syn")
+        cmd = py("train", *TINY, "run.name=syn", f"run.output_dir={runs}", "train.epochs=3")
+        cmd += ["train.resume=auto", f"train.best_metric={metric}"]
+        if metric == "loss":
+            return Plan(cmd, (2,), keep=_run_files(runs / "syn"), clean=[runs])
+        cmd.append("train.best_mode=max")
+        return Plan(cmd, (0,), clean=[runs], check=resumed_from(runs / "syn", ctx.steps["syn"]))
 
     return prepare
 
@@ -1103,6 +1179,49 @@ def _stale(tool: str):
             return None if live.is_dir() else f"a live process's temporary removed: {live.name}"
 
         return Plan(cmd, (0,), keep=[run / "best.pt"], check=check)
+
+
+_TAKEN = """
+import shutil, sys
+from pathlib import Path
+from {pkg} import loop
+from {pkg}.checkpoint import RunFolder
+from {pkg}.tools.train import train_main
+
+FOLDER, HOW = Path(sys.argv[1]), sys.argv[2]
+read, taker = loop.read_losses, RunFolder(FOLDER, 2)
+
+def taken_at_step_20(run, *args):  # in epoch 2 (16 steps an epoch)
+    if run.progress.step == 20:
+        shutil.rmtree(FOLDER)
+        if HOW == "replaced":  # as a second train.resume=auto would: its own lock and files
+            taker.lock()
+            (FOLDER / "metrics.csv").write_text("epoch,step\\n")
+    return read(run, *args)
+
+loop.read_losses = taken_at_step_20
+raise SystemExit(train_main(sys.argv[3:]))
+"""
+
+
+def _folder_taken(how: str):
+    """The run folder removed (or removed and taken by another process) during epoch 2: the
+    run stops with one line at its next write and writes nothing there."""
+
+    def prepare(ctx, folder):
+        script = folder / "taken.py"
+        script.write_text(_TAKEN.format(pkg=_package(ctx)))
+        run = folder / "runs" / "gone"
+        cmd = [str(script), str(run), how, *TINY, "train.epochs=3", "run.name=gone", _out(folder)]
+
+        def check(res) -> str | None:
+            left = sorted(p.name for p in run.iterdir()) if run.exists() else []
+            want = [".lock", "metrics.csv"] if how == "replaced" else []
+            if left != want or (want and (run / "metrics.csv").read_text() != "epoch,step\n"):
+                return f"wrote into a folder it no longer holds: {left}"
+            return None
+
+        return Plan(cmd, (2,), clean=[folder / "runs"], check=check)
 
     return prepare
 
@@ -1188,6 +1307,72 @@ def _argv(cmd: list[str]):
     def prepare(ctx, folder):
         return Plan(cmd, (2,), clean=[folder])
 
+
+_KILLED = """
+import os, signal, sys
+from {pkg}.checkpoint import run_folder
+from {pkg}.tools.train import train_main
+
+STEP, save = int(sys.argv[1]), run_folder.RunFolder.save
+
+def save_then_kill(self, state, step, *args):
+    path = save(self, state, step, *args)
+    if step == STEP:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+
+run_folder.RunFolder.save = save_then_kill
+raise SystemExit(train_main(sys.argv[2:]))
+"""
+
+
+def _killed_after_save(ctx, folder):
+    """syn resumed to epoch 4 and killed (-9) right after epoch 3's checkpoint; the resume
+    finishes with one metrics row per epoch."""
+    runs = copy_runs(ctx, folder, "syn")
+    script = folder / "killed.py"
+    script.write_text(_KILLED.format(pkg=_package(ctx)))
+    args = [*TINY, "run.name=syn", f"run.output_dir={runs}", "train.epochs=4", "train.resume=auto"]
+    step = ctx.steps["syn"] + ctx.steps["syn"] // 2  # the end of epoch 3
+    done = subprocess.run([sys.executable, str(script), str(step), *args], cwd=ctx.project,
+                          env=ctx.env, capture_output=True, timeout=300)  # fmt: skip
+    if done.returncode != -signal.SIGKILL:
+        raise RuntimeError(f"the killed run exited {done.returncode}: {done.stderr[-300:]!r}")
+
+    def check(res) -> str | None:
+        epochs = _epochs(runs / "syn")
+        return None if epochs == ["1", "2", "3", "4"] else f"metrics rows lost: epochs {epochs}"
+
+    return Plan(py("train", *args), (0,), clean=[runs], check=check)
+
+
+def _no_batch_left(change: str):
+    """A tensors run (train.pt and an explicit val.pt: no split to compare) validated at
+    train.max_steps=6, 48 of 64 samples into epoch 1; resumed on 32 rows, or with a batch of
+    32 (16 samples left): refused, nothing changed."""
+
+    def prepare(ctx, folder):
+        import torch
+
+        for name, rows in (("big", 64), ("small", 32)):
+            (folder / name).mkdir()
+            for split, n in (("train", rows), ("val", 16)):
+                data = {"x": torch.randn(n, 6), "y": torch.arange(n) % 2}
+                torch.save(data, folder / name / f"{split}.pt")
+        base = [*MLP, "data.name=tensors", "train.batch_size=8", "run.name=tens", _out(folder)]
+        first = py("train", *base, f"data.root={folder / 'big'}", "train.max_steps=6")
+        done = subprocess.run([sys.executable, *first], cwd=ctx.project, env=ctx.env,
+                              capture_output=True, timeout=300)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"the first run exited {done.returncode}: {done.stderr[-300:]!r}")
+        cmd = py("train", *base, "train.resume=auto", "train.max_steps=0")
+        if change == "smaller":
+            cmd.append(f"data.root={folder / 'small'}")
+        else:
+            cmd += [f"data.root={folder / 'big'}", "train.batch_size=32"]
+        run = folder / "runs" / "tens"
+        return Plan(cmd, (2,), keep=_run_files(run), clean=[folder / "runs"])
+
     return prepare
 
 
@@ -1224,6 +1409,7 @@ def all_cases(formats: list[str]) -> list[Case]:
         *signal_cases(),
         *config_cases(),
         *tool_cases(),
+        *resume_terms_cases(),
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -79,8 +80,7 @@ class Loop:
 def run_epochs(loop: Loop, ckpts: CheckpointManager) -> tuple[dict, str | None]:
     """Train an epoch, validate, checkpoint; until the last epoch, early stopping, or a stop.
     train.max_steps ends the run where it falls, validated (mid-epoch too); a signal saves
-    where it is and returns at once. Returns the last validation metrics and the stop
-    reason."""
+    where it is and returns at once. Returns the last validation metrics and stop reason."""
     cfg, progress = loop.cfg, loop.progress
     metrics = {}
     for epoch in range(progress.epoch, cfg.train.epochs):
@@ -127,8 +127,7 @@ def validate_and_save(
     progress.train_seconds += train_time
     progress.samples += stats["samples"]
     progress.metrics = metrics
-    save(loop, ckpts, is_best)
-    report_epoch(loop, stats, metrics, train_time, is_best)
+    save(loop, ckpts, is_best, partial(report_epoch, loop, stats, metrics, train_time, is_best))
     return metrics
 
 
@@ -266,10 +265,12 @@ def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[flo
     return total.item() / loop.dist.world_size / steps, bool(any_stop)
 
 
-def save(loop: Loop, ckpts: CheckpointManager, is_best: bool) -> None:
-    # A collective: every rank calls it. A resume continues the same tracker runs.
+def save(loop: Loop, ckpts: CheckpointManager, is_best: bool, report=None) -> None:
+    # A collective: every rank calls it. A resume continues the same tracker runs. `report`
+    # (the epoch's row) is written before the checkpoint is named: a kill loses no row.
+    ckpts.check_held(loop.log)
     extra = {"data": loop.data.meta, "io": loop.data.io, "trackers": loop.log.tracker_ids()}
-    ckpts.save(loop.trainee, loop.progress, extra, is_best)
+    ckpts.save(loop.trainee, loop.progress, extra, is_best, report)
 
 
 def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_best: bool):

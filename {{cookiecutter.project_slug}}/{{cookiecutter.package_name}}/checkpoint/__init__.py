@@ -6,7 +6,8 @@ else; the tools (evaluate, predict, export, consolidate, sweeps) read checkpoint
     changed = ckpt.restore(state, trainee, progress, data)
     ckpt.open()                           # rank 0: the folder's lock, leftovers of a kill
     ckpt.write_config()                   # rank 0: config.yaml (a resume: at its first save)
-    ckpt.save(trainee, progress, extra, is_best)   # every epoch and at a stop (every rank)
+    ckpt.check_held()                     # the run folder is still this run's (every rank)
+    ckpt.save(trainee, progress, extra, is_best, record)   # every epoch and at a stop
     ckpt.close()
 
 The modules inside: files.py (the .pt file: atomic writing, safe reading, what a training
@@ -24,6 +25,7 @@ from .. import distributed
 from ..config import Config, save_config, to_dict
 from ..data import check_split
 from ..distributed import DistInfo
+from ..errors import CheckpointError
 from ..utils.seed import rng_state
 from . import sharded
 from .files import (
@@ -35,7 +37,14 @@ from .files import (
     load,
     model_weights,
 )
-from .resume import changes, complete_reason, load_state
+from .resume import (
+    FRESH_BEST,
+    changes,
+    check_best_terms,
+    check_position,
+    complete_reason,
+    load_state,
+)
 from .run_folder import RunFolder
 from .sharded import consolidate
 from .state import (
@@ -79,6 +88,8 @@ class CheckpointManager:
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
         self.folder = RunFolder(run_dir, cfg.train.keep_last)
         self._config_due = False  # config.yaml waits for the first save of a resumed run
+        self.resumed_from: str | None = None
+        self.new_run = False  # continues another run's checkpoint as this new run
 
     @property
     def run_dir(self) -> Path:
@@ -86,9 +97,21 @@ class CheckpointManager:
 
     def find(self) -> tuple[dict | None, str | None]:
         """The training state train.resume asks to continue from, read on every rank, and its
-        path; (None, None) for a fresh run. Refuses to overwrite a run that has checkpoints."""
+        path; (None, None) for a fresh run. Refuses to overwrite a run that has checkpoints:
+        a fresh start, or another run's checkpoint (which continues into a new run only)."""
         state, path = load_state(self.cfg, self.dist, self.folder)
-        self._config_due = path is not None
+        self._config_due, self.resumed_from = path is not None, path
+        self.new_run = state is not None and not self.folder.holds(path, state)
+        if self.new_run:
+            # Its own best and tracker runs: the earlier ones belong to the other run.
+            state["progress"] = {**state["progress"], **FRESH_BEST}
+            state.pop("trackers", None)
+            if self.dist.is_main:
+                print(
+                    f"train.resume={path}: another run's checkpoint, continued as the new run "
+                    f"{self.cfg.run.name!r} (its metrics.csv starts here; best.pt and early "
+                    "stopping count from its first validation)"
+                )
         return state, path
 
     def restore(self, state: dict, trainee, progress: Progress, data) -> list[str]:
@@ -96,6 +119,8 @@ class CheckpointManager:
         rows, every state restored. Returns the settings changed since, "key old -> new";
         refuses the ones a resume keeps (resume.FIXED)."""
         changed = changes(state, self.cfg)
+        if not self.new_run:
+            check_best_terms(state, self.cfg, self.resumed_from)
         if data.meta.get("split"):  # the same validation rows as before the stop
             fix = "resume on the same data, or start a new run (run.name=<new name>)"
             check_split(data.meta["split"], state.get("data"), fix)
@@ -111,6 +136,7 @@ class CheckpointManager:
             dist.rank,
             dist.world_size,
         )
+        check_position(progress, data, self.resumed_from)
         if dist.is_main:
             note_batch_change(state, data.effective_batch)
         return changed
@@ -130,9 +156,21 @@ class CheckpointManager:
             save_config(self.cfg, path)
             self._config_due = False
 
-    def save(self, trainee, progress: Progress, extra: dict, is_best: bool) -> None:
+    def check_held(self, log=None) -> None:
+        """Every rank: stop with one line once rank 0's run folder is no longer the one it
+        locked (removed, moved or replaced while the run trained): before each save (whose
+        shards every rank writes, with the epoch's metrics row). `log` (the run's
+        MetricLogger) then draws no curves.png there at its close either."""
+        problem = distributed.broadcast_object(self.folder.lost() if self.dist.is_main else None)
+        if problem:
+            if log is not None:
+                log.curves = False
+            raise CheckpointError(problem)
+
+    def save(self, trainee, progress: Progress, extra: dict, is_best: bool, record=None) -> None:
         """A checkpoint of where the run stands (a collective: every rank calls it); `extra`
-        (the data's meta and io, tracker ids) goes into the file as it is. Rank 0 writes."""
+        (the data's meta and io, tracker ids) goes into the file as it is. Rank 0 writes, and
+        calls `record` (the epoch's metrics row) before the file gets its name."""
         rngs = distributed.all_gather_object(rng_state())
         t = trainee
         shards = sharded.save_shards(t.model, t.optimizer, self.run_dir, progress.step)
@@ -148,7 +186,7 @@ class CheckpointManager:
                 self.dist.world_size,
                 shards,
             )
-            self.folder.save({**state, **extra}, progress.step, is_best)
+            self.folder.save({**state, **extra}, progress.step, is_best, record)
             if self._config_due:
                 save_config(self.cfg, self.run_dir / "config.yaml")
                 self._config_due = False

@@ -3,8 +3,11 @@ changed since it was saved, and whether anything is left to train."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from .. import distributed
 from ..config import Config, flatten, to_dict
+from ..data import set_epoch
 from ..distributed import DistInfo
 from ..errors import CheckpointError, ConfigError, UserError
 from . import files
@@ -27,6 +30,9 @@ FIXED = (
 )
 # Settings that say how to start, not how to train.
 NOT_SETTINGS = ("train.resume", "train.init_from")
+# What a run continued as a new one (another run's checkpoint) starts afresh: its own best.pt
+# is chosen among its own validations (the earlier best's file stays in the other folder).
+FRESH_BEST = {"best": None, "best_epoch": None, "best_tie": None, "bad_epochs": 0}
 
 
 def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | None, str | None]:
@@ -75,6 +81,51 @@ def changes(state: dict, cfg: Config) -> list[str]:
             )
         out.append(f"{key} {old[key]} -> {value}")
     return out
+
+
+def check_best_terms(state: dict, cfg: Config, path: str) -> None:
+    """Refuse another train.best_metric or best_mode (as resolved from "auto") on resume:
+    best.pt, the best value, its tie and early stopping's count are the old metric's, and
+    best.pt cannot be chosen again once the other epochs' files are pruned."""
+    old = state["config"].get("train", {})
+    terms = {k: old.get(k, "auto") for k in ("best_metric", "best_mode")}
+    try:
+        before = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **terms)).best()
+    except KeyError:  # a metric this task no longer has: not the one chosen now
+        before = (terms["best_metric"], terms["best_mode"])
+    if before != cfg.best():
+        raise ConfigError(
+            f"train.best_metric/best_mode pick val {cfg.best()[0]} ({cfg.best()[1]}) now, but "
+            f"this run's best.pt, best value and early-stopping count are of val {before[0]} "
+            f"({before[1]}); drop the override, or continue the checkpoint as a new run that "
+            f"picks its own best: run.name=<new name> train.resume={path}"
+        )
+
+
+def check_position(progress: Progress, data, path: str) -> None:
+    """Refuse a mid-epoch resume that has no batch left of its epoch in `data` (loop.Data):
+    training data smaller than the saved position (a table or tensor file that shrank), or a
+    larger batch than the part left. Going on would end the epoch untrained and log a loss
+    of nothing. Leaves the loader at the saved position, where the epoch loop sets it too."""
+    if not progress.epoch_samples:
+        return
+    set_epoch(data.train_loader, progress.epoch, start=progress.epoch_samples)
+    if len(data.train_loader):
+        return
+    train_size, batch = len(data.train_set), data.effective_batch
+    where = f"sample {progress.epoch_samples} of epoch {progress.epoch + 1}"
+    if progress.epoch_samples >= train_size:
+        raise ConfigError(
+            f"the checkpoint stopped at {where}, beyond the {train_size} training samples "
+            "there are now: the training data changed; resume on the data it was trained "
+            f"with, or start a new run from its weights (run.name=<new name> "
+            f"train.init_from={path})"
+        )
+    raise ConfigError(
+        f"the checkpoint stopped at {where}, and less than one batch ({batch} "
+        f"samples) of its {train_size} is left; resume with the batch size it was saved with "
+        "until the epoch ends, then change it"
+    )
 
 
 def complete_reason(cfg: Config, progress: Progress) -> str | None:

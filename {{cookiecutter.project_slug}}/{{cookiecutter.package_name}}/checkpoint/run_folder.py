@@ -30,6 +30,7 @@ class RunFolder:
     def __init__(self, run_dir: Path, keep_last: int):
         self.run_dir, self.keep_last = run_dir, keep_last
         self._lock_fd: int | None = None
+        self._lock_id: tuple[int, int] | None = None  # (device, inode) of the file locked
 
     def step_files(self) -> list[Path]:
         return sorted(self.run_dir.glob("step-*.pt"), reverse=True)  # newest first
@@ -39,10 +40,29 @@ class RunFolder:
         patterns = ("step-*.pt", "step-*.pt.bad", "last.pt", "best.pt")
         return [path for pattern in patterns for path in sorted(self.run_dir.glob(pattern))]
 
-    def save(self, state: dict, step: int, is_best: bool) -> Path:
+    def save(self, state: dict, step: int, is_best: bool, record=None) -> Path:
+        """Save `state` as step `step`'s file (and last.pt, best.pt), keep the newest
+        keep_last. `record` (the epoch's metrics row) is written between the file's bytes and
+        its name: a kill in between leaves a row past the newest checkpoint, which a resume
+        drops and logs again (a row after the name would be lost for good), and a failed
+        write of the file leaves the record as it was."""
+        problem = self.lost()
+        if problem:  # never recreate a folder this process no longer holds
+            raise CheckpointError(problem)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / f"step-{step:08d}.pt"
-        files.atomic_save(state, path)
+        if record is None:
+            files.atomic_save(state, path)
+        else:  # a stale temporary if killed before the rename: removed by the next open()
+            pending = path.with_name(f".{path.name}.tmp-pending{os.getpid()}")
+            files.atomic_save(state, pending)
+            try:
+                record()
+            except BaseException:
+                pending.unlink(missing_ok=True)
+                raise
+            os.replace(pending, path)
+            locks.fsync_dir(self.run_dir)
         _atomic_link(path, self.run_dir / "last.pt")
         if is_best:
             _atomic_link(path, self.run_dir / "best.pt")
@@ -84,13 +104,33 @@ class RunFolder:
                 say(f"train.resume=auto: no checkpoint in {self.run_dir}, starting fresh")
             return found
         if resume:
-            return files.check_training_state(files.load(resume), resume), Path(resume)
+            state = files.check_training_state(files.load(resume), resume)
+            if not self.holds(resume, state) and self.checkpoint_files():
+                # Continuing it here would replace this run's lineage and prune its files.
+                raise ConfigError(
+                    f"run {run_name!r} already exists in {self.run_dir}, and "
+                    f"train.resume={resume} is not one of its checkpoints; continue that "
+                    "checkpoint as a new run with run.name=<new name>, or this run with "
+                    "train.resume=auto"
+                )
+            return state, Path(resume)
         if self.checkpoint_files():
             raise ConfigError(
                 f"run {run_name!r} already exists in {self.run_dir}; continue it with "
                 "train.resume=auto, or start a new one with run.name=<new name>"
             )
         return None
+
+    def holds(self, path: str | Path, state: dict) -> bool:
+        """Whether the checkpoint `path` (holding `state`) is this run's: a file in this
+        folder, or one whose saved settings name this run folder (a copy kept elsewhere)."""
+        here = self.run_dir.resolve()
+        if Path(path).resolve().parent == here:
+            return True
+        run = state.get("config", {}).get("run") or {}
+        if not isinstance(run, dict) or not run.get("name"):
+            return False
+        return (Path(str(run.get("output_dir", ""))) / str(run["name"])).resolve() == here
 
     def latest(self, warn=print, quarantine=False) -> tuple[dict, Path] | None:
         """Newest checkpoint that loads among the step files, last.pt and best.pt.
@@ -142,12 +182,32 @@ class RunFolder:
             raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"held by pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        self._lock_fd = fd
+        stat = os.fstat(fd)
+        self._lock_fd, self._lock_id = fd, (stat.st_dev, stat.st_ino)
+
+    def lost(self) -> str | None:
+        """Why this process no longer holds its run folder (the folder or its lock file
+        removed, moved or replaced since it was locked), or None: while it holds it, or
+        holds no lock. A lock on a deleted file keeps nobody out, so a second process may
+        have taken the path since: nothing more may be written there."""
+        if self._lock_fd is None:
+            return None
+        try:
+            stat = os.stat(self.run_dir / ".lock")
+            if (stat.st_dev, stat.st_ino) == self._lock_id:
+                return None
+        except OSError:  # gone, or a part of the path is no folder now
+            pass
+        return (
+            f"run folder {str(self.run_dir)!r} was removed, moved or replaced while this run "
+            "trained (its .lock is not the one this run holds); stopped without writing "
+            "there. Restore the folder and resume with train.resume=auto, or start again"
+        )
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
-            self._lock_fd = None
+            self._lock_fd = self._lock_id = None
 
     def remove_stale_temporaries(self) -> None:
         """Temporary files (and shard folders) left by a run killed mid-save (never read: the

@@ -23,8 +23,14 @@ class ExportError(UserError):
     """A model that the chosen exporter cannot handle."""
 
 
-def _batch_dim() -> dict:
-    return {0: torch.export.Dim("batch", min=1, max=65536)}
+def _dynamic(model: nn.Module) -> tuple[dict]:
+    """The input's dynamic dimensions: the batch, and a language model's positions (1 to its
+    max_len, Serving.positions) so that a prompt of any length runs, as in TorchScript."""
+    dims = {0: torch.export.Dim("batch", min=1, max=65536)}
+    positions = getattr(model, "positions", None)
+    if positions:
+        dims[1] = torch.export.Dim("positions", min=1, max=positions)
+    return (dims,)
 
 
 def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
@@ -37,7 +43,7 @@ def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> N
 
 
 def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
+    program = torch.export.export(model, (example,), dynamic_shapes=_dynamic(model))
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
     write_bytes(path, buffer.getvalue())
@@ -56,7 +62,7 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
         dynamo=True,
         input_names=["input"],
         output_names=["output"],
-        dynamic_shapes=(_batch_dim(),),
+        dynamic_shapes=_dynamic(model),
     )
     size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if size <= EMBED_LIMIT:  # one file: the weights inside the protobuf

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import lm_overrides
+from conftest import NEEDS_TORCH_2_7, lm_overrides
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.tools import formats
@@ -34,7 +34,9 @@ def best(tmp_path_factory) -> str:
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # TorchScript's trace: known
-@pytest.mark.parametrize("fmt", ["torchscript", "export", "onnx"])
+@pytest.mark.parametrize(
+    "fmt", ["torchscript", "export", pytest.param("onnx", marks=NEEDS_TORCH_2_7)]
+)
 def test_a_language_model_artifact_takes_every_length_up_to_max_len(best, fmt, tmp_path):
     if fmt == "onnx" and importlib.util.find_spec("onnxruntime") is None:
         pytest.skip("needs onnxruntime: pip install -e '.[export]'")

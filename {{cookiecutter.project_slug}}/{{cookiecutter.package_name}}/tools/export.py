@@ -166,7 +166,7 @@ def _failure_line(fmt: str, trained: Trained, exc: Exception) -> str:
     op = re.search(r"(aten::\w+|aten\.\w+|prim::\w+|torch\.ops\.[\w.]+)", text)
     if op:
         where.append(f"operator {op.group(1)}")
-    if "data-dependent" in text:
+    if "data-dependent" in text or "Dynamic control flow" in text:  # torch >= 2.7, 2.6
         where.append("a Python branch or shape that depends on tensor values")
     at = f" at {', '.join(where)}" if where else ""
     alternative = ALTERNATIVES[fmt]

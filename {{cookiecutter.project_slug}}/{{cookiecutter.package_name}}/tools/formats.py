@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..utils.device import torch_older_than
 
 EMBED_LIMIT = 1536 * 2**20  # weights up to this size go inside the .onnx (torch's own margin)
 
@@ -50,6 +51,11 @@ def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> None:
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+    if torch_older_than(2, 7):  # 2.6's exporter fails on BatchNorm with today's onnxscript
+        raise ExportError(
+            f"--format onnx needs torch >= 2.7 (this is {torch.__version__}); upgrade torch, "
+            "or use --format export"
+        )
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
         raise ExportError(

@@ -21,7 +21,7 @@ from conftest import TINY
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from {{ cookiecutter.package_name }} import checkpoint
-from {{ cookiecutter.package_name }}.checkpoint import sharded
+from {{ cookiecutter.package_name }}.checkpoint import shard_reader, sharded
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError
 from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main
@@ -87,6 +87,31 @@ def test_a_real_shard_folder_loads_and_consolidates_to_its_weights(trained, tmp_
     weights = checkpoint.load(trained)["model"]
     assert full.keys() == weights.keys()
     assert all(torch.equal(full[key], weights[key]) for key in weights)
+
+
+def test_an_index_of_every_dtype_and_layout_reads_back(tmp_path):
+    """The dtypes (and memory formats, layouts) an index names are what the unpickler allows."""
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
+    dtypes += [torch.int8, torch.uint8, torch.bool, torch.complex64]
+    saved = {str(d): torch.arange(120).reshape(2, 3, 4, 5).to(d) for d in dtypes}
+    saved["nhwc"] = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    save_shards(tmp_path / "shards", {"model": saved})
+    loaded = {"model": {k: torch.zeros_like(v) for k, v in saved.items()}}
+    with pytest.warns(UserWarning, match="torch.distributed is "):
+        shard_reader.load(loaded, tmp_path / "shards")
+    assert all(torch.equal(loaded["model"][k], v) for k, v in saved.items())
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [("torch", "load"), ("torch", "_dynamo"), ("builtins", "eval"), ("os", "system")],
+)
+def test_any_other_global_in_an_index_is_refused(tmp_path, module, name):
+    """Only DCP's index classes, torch.Size, the dtypes and a layout by name are built: a torch
+    function, a submodule (its import a side effect) or a builtin is refused by name."""
+    (tmp_path / ".metadata").write_bytes(f"c{module}\n{name}\n.".encode())
+    with pytest.raises(CheckpointError, match=rf"holds pickled code \({module}\.{name}\)"):
+        shard_reader.read_index(tmp_path)
 
 
 def test_a_shard_index_that_holds_code_is_refused_by_load_and_consolidate(hostile, capsys):

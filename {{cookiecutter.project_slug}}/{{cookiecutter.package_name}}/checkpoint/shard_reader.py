@@ -65,8 +65,9 @@ class _IndexUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in ALLOWED:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        # vars(), not getattr(): torch's module __getattr__ imports submodules by name.
+        if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):
+            return vars(torch)[name]
         if module.split(".")[0] == "pathlib" and name in _PATHS:
             return _PATHS[name]
         raise _Refused(f"{module}.{name}")

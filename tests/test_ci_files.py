@@ -23,6 +23,8 @@ from conftest import defaults
 WORKFLOW = ".github/workflows/ci.yml"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 SMOKE = "python scripts/smoke.py run.device=cpu"
+# The floor job's torch: the release of requirements.txt's floor, as the shell reads it.
+FLOOR_TORCH = "\"torch==$(sed -En 's/^torch>=([0-9.]+)$/\\1/p' requirements.txt).*\""
 
 
 def load_workflow(project: Path) -> dict:
@@ -54,8 +56,9 @@ def test_workflow_jobs_and_steps(bake, python_version):
     workflow = load_workflow(project)
     assert {"push", "pull_request", "workflow_dispatch", "schedule"} <= set(workflow["on"])
     assert workflow["env"]["PYTHON_VERSION"] == python_version
-    test, slow = workflow["jobs"]["test"], workflow["jobs"]["slow"]
-    for job in (test, slow):
+    assert set(workflow["jobs"]) == {"test", "floor", "slow"}
+    test, floor, slow = (workflow["jobs"][name] for name in ("test", "floor", "slow"))
+    for job in (test, floor, slow):
         assert job["runs-on"].startswith("ubuntu")
         assert set(uses(job)) == {"actions/checkout@v4", "actions/setup-python@v5"}
         setup = uses(job)["actions/setup-python@v5"]
@@ -66,18 +69,38 @@ def test_workflow_jobs_and_steps(bake, python_version):
         }
         lines = run_lines(job)
         # torch from the CPU index first: requirements.txt then finds it installed and does
-        # not pull PyPI's CUDA build.
+        # not pull PyPI's CUDA build (the floor job: the floor's release, test below).
+        torch = FLOOR_TORCH if job is floor else "torch"
         assert lines[:2] == [
-            f"python -m pip install torch --index-url {CPU_INDEX}",
+            f"python -m pip install {torch} --index-url {CPU_INDEX}",
             'python -m pip install -r requirements.txt -e ".[dev]"',
         ]
     assert run_lines(test)[2:] == ["make lint", 'python -m pytest -m "not slow"', SMOKE]
+    assert run_lines(floor)[2:] == ['python -m pytest -m "not slow"']
     assert run_lines(slow)[2:] == ["python -m pytest -m slow -n auto --dist worksteal"]
-    assert "if" not in test
+    assert "if" not in test and "if" not in floor
     assert re.fullmatch(
         r"github\.event_name == 'schedule' \|\| github\.event_name == 'workflow_dispatch'",
         slow["if"],
     )
+
+
+def test_the_floor_job_installs_the_floor_of_pyproject(bake):
+    """The floor job reads it from requirements.txt as the shell does; pyproject says the same
+    (the baked tests/test_torch_floor.py keeps every file that names the floor in step)."""
+    project = bake()
+    (dependency,) = [
+        d
+        for d in tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
+        if d.startswith("torch")
+    ]
+    floor = re.fullmatch(r"torch>=(\d+\.\d+)", dependency).group(1)
+    (line,) = [
+        line for line in run_lines(load_workflow(project)["jobs"]["floor"]) if "torch==" in line
+    ]
+    spec = shlex.split(line)[4]
+    installed = run(["bash", "-c", f'echo "{spec}"'], cwd=project).stdout.strip()
+    assert installed == f"torch=={floor}.*"
 
 
 def test_workflow_keeps_github_expressions_and_no_jinja(bake):
@@ -153,7 +176,11 @@ def test_make_test_is_the_fast_layer_and_test_all_runs_everything(bake, tmp_path
         assert ("-n" in args) == (target == "test-all"), line
     assert recipe(project, "test-fast") == recipe(project, "test")
     jobs = load_workflow(project)["jobs"]
-    for job, expected in [("test", {"test_fast"}), ("slow", {"test_slow"})]:
+    for job, expected in [
+        ("test", {"test_fast"}),
+        ("floor", {"test_fast"}),
+        ("slow", {"test_slow"}),
+    ]:
         (line,) = [line for line in run_lines(jobs[job]) if " pytest" in line]
         assert selected(shlex.split(line)[3:]) == expected, line
 

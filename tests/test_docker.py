@@ -131,7 +131,7 @@ def test_install_commands_are_create_envs(projects, compute, tmp_path):
     expected = [in_image(s.cmd, create_env.VENV_DIR) for s in steps if s.kind != "check"]
     assert uv_commands(project, tmp_path) == expected
     torch = expected[1]
-    assert torch[-1] == create_env.torch_requirement(project) == "torch>=2.4"
+    assert torch[-1] == create_env.torch_requirement(project) == "torch>=2.6"
     if compute != "auto":
         assert torch[-3:-1] == ["--index-url", f"https://download.pytorch.org/whl/{compute}"]
     env = dict(

@@ -68,7 +68,7 @@ def test_torch_index_variable_overrides(ce, compute, tmp_path, monkeypatch):
 
 
 def test_torch_requirement_comes_from_requirements_txt(ce, tmp_path):
-    assert ce.torch_requirement() == "torch>=2.4"  # the template's requirements.txt
+    assert ce.torch_requirement() == "torch>=2.6"  # the template's requirements.txt
     assert ce.torch_requirement(tmp_path) == "torch"  # no requirements.txt
     (tmp_path / "requirements.txt").write_text(
         "# comment\ntorchmetrics>=1\ntorch >=2.5,<3  # the range\nnumpy\n"
@@ -89,7 +89,7 @@ def expected_installs(manager: str, compute: str, torch_source: list[str]) -> li
     python = install[4] if manager == "uv" else install[0]
     check = [] if compute == "auto" else [[python, "-c", CHECK_BUILD, compute]]
     return [
-        [*install, *torch_source, "torch>=2.4"],
+        [*install, *torch_source, "torch>=2.6"],
         *check,
         [*install, "-r", "requirements.txt", "-e", ".[dev]"],
     ]
@@ -346,7 +346,7 @@ def test_dry_run_prints_the_exact_commands(bake, monkeypatch):
     assert lines[0].endswith(" -m venv .venv")
     assert lines[1] == (
         ".venv/bin/python -m pip install --retries 0 --index-url"
-        " https://download.pytorch.org/whl/cu128 'torch>=2.4'"
+        " https://download.pytorch.org/whl/cu128 'torch>=2.6'"
     )
     assert lines[2].startswith(".venv/bin/python -c 'import sys, torch;")
     assert lines[2].endswith("' cu128")
@@ -567,7 +567,7 @@ def test_uv_for_real_from_a_wheel_folder(tmp_path, torch_pin):
     result = run_cli(tmp_path, *answers, env=env)
     assert result.returncode == 0, result.stderr
     assert " venv .venv --python 3.11 ... done" in result.stdout
-    assert f"--no-index --find-links {wheels} 'torch>=2.4' ... done" in result.stdout
+    assert f"--no-index --find-links {wheels} 'torch>=2.6' ... done" in result.stdout
     assert_environment_works(tmp_path / "my-pytorch-project", result.stdout)
 
 
@@ -593,7 +593,7 @@ def test_unreachable_torch_index_fails_once_with_the_fix(bake, manager):
     )
     out = result.stdout
     assert result.returncode == 1, out
-    assert f"--index-url {UNREACHABLE} 'torch>=2.4' ... FAILED" in out
+    assert f"--index-url {UNREACHABLE} 'torch>=2.6' ... FAILED" in out
     assert "requirements.txt" not in out  # nothing else went to any index
     fix = f"torch could not be installed from {UNREACHABLE}: if it is unreachable from here, "
     assert f"{fix}set COOKIECUTTER_PYTORCH_TORCH_INDEX to a mirror of it" in out
@@ -613,7 +613,7 @@ def test_failed_install_keeps_the_project(tmp_path):
     project = tmp_path / "out" / "my-pytorch-project"
     assert project.is_dir()
     out = result.stdout
-    assert "pip install 'torch>=2.4' ... FAILED" in out
+    assert "pip install 'torch>=2.6' ... FAILED" in out
     assert "torch could not be installed from the default index" in out
     assert "retry: cd" in out and "python scripts/create_env.py" in out
     assert "smoke test: in this Python" in out or "smoke test: skipped" in out

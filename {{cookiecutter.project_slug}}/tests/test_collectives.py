@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import NEEDS_TORCH_2_7, ROOT
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }} import distributed, parallel
@@ -46,6 +46,7 @@ def sharded():
         distributed.teardown()
 
 
+@NEEDS_TORCH_2_7  # FSDP2 on the CPU
 def test_a_tensor_on_another_device_than_the_group_s_is_refused_by_name(sharded):
     for collective in (distributed.all_reduce_sum, distributed.all_reduce_max):
         with pytest.raises(RuntimeError, match="on meta.* serves cpu"):
@@ -60,6 +61,7 @@ class Batches(list):
     dataset = None
 
 
+@NEEDS_TORCH_2_7  # FSDP2 on the CPU
 def test_every_collective_of_a_run_gets_its_tensor_on_the_run_s_device(sharded):
     """What a run calls between ranks (the fsdp validation loader, evaluation with the
     report's collector, the loss log and stop vote, BatchNorm statistics) with new tensors on

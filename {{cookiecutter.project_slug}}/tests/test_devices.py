@@ -82,13 +82,6 @@ def test_one_gpu_index_for_several_ranks_is_refused(monkeypatch, device):
         distributed.setup(device)
 
 
-def test_mixed_precision_on_mps_needs_torch_2_5(monkeypatch):
-    monkeypatch.setattr(torch, "__version__", "2.4.1")
-    with pytest.raises(ConfigError, match=r"train.amp=fp16 on MPS needs torch >= 2.5"):
-        devices.check_amp("fp16", torch.device("mps"))
-    devices.check_amp("off", torch.device("mps"))
-
-
 @pytest.fixture
 def threads(monkeypatch):
     """torch's thread count is process-wide: put it back after the test. No OMP_NUM_THREADS,

@@ -26,6 +26,7 @@ from . import distributed
 from .config import TrainConfig
 from .data import empty_batch
 from .errors import ConfigError
+from .utils.device import check_torch
 
 
 def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Module:
@@ -42,6 +43,7 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
             "train.cpu_offload=true needs CUDA GPUs (on the CPU everything is in CPU memory "
             "already); set train.cpu_offload=false"
         )
+    check_torch(train.strategy, device)
     found = blocks(model)
     if train.activation_checkpointing:
         from torch.distributed._composable import checkpoint as checkpoint_activations

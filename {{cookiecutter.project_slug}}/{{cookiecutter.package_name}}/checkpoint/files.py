@@ -175,10 +175,12 @@ def check_shards(folder: Path, path: Path) -> None:
     """Raise CorruptCheckpoint unless every shard file that the folder's .metadata points into
     is there and long enough. A truncated or missing shard is found here, by every rank before
     the collective read, so train.resume=auto falls back to the previous checkpoint."""
-    import torch.distributed.checkpoint as dcp
+    from .shard_reader import read_index  # imports DCP: a second of start-up
 
     try:
-        storage = dcp.FileSystemReader(str(folder)).read_metadata().storage_data or {}
+        storage = read_index(folder).storage_data or {}
+    except CheckpointError:  # it holds code: refused, and not set aside as damaged
+        raise
     except OSError as exc:  # the system's fault, not the file's: nothing is set aside
         raise CheckpointError(unreadable(folder / ".metadata", exc)) from None
     except Exception as exc:  # pickled: a damaged index fails in many ways

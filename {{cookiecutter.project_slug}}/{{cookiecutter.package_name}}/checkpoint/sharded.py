@@ -69,6 +69,8 @@ def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
         _read({"model": model_state, "optimizer": optimizer_state}, state["shards"])
+    except CheckpointError:  # a shard file that holds code: refused as it is
+        raise
     except Exception as exc:  # _read: every rank's failure, gathered by DCP
         if _damaged(exc):  # bytes overwritten at full length: the size check cannot see it
             raise CheckpointError(
@@ -90,8 +92,9 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     best.pt) to one plain file, with its config and progress, for scripts/evaluate.py and
     train.init_from. Runs in one process, no process group; holds the full model in memory
     (not the optimizer). Returns the file written: `out`, or <name>.full.pt beside `path`."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from .shard_reader import read_index
 
     path = Path(path)
     head = files.load(path)
@@ -99,7 +102,7 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
         raise CheckpointError(
             f"checkpoint {str(path)!r} is a single file already (not sharded); use it as it is"
         )
-    tensors = dcp.FileSystemReader(head["shards"]).read_metadata().state_dict_metadata
+    tensors = read_index(head["shards"]).state_dict_metadata
     model = {
         key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
         for key, meta in tensors.items()
@@ -125,17 +128,20 @@ def _read(state: dict, folder: str) -> None:
     """Fill `state` in place from the shard folder; each rank reads what its tensors hold. On
     one process without a group (ddp, consolidation) it reads everything. A failure comes back
     as a RuntimeError (DCP's CheckpointException is no Exception: `except Exception` misses
-    it), with the first failing rank's reason."""
-    import torch.distributed.checkpoint as dcp
+    it), with the first failing rank's reason; a file that holds code as a CheckpointError.
+    Without a group DCP reads in this one process (torch 2.6 has no no_dist= to say so)."""
     from torch.distributed.checkpoint.api import CheckpointException
+
+    from . import shard_reader
 
     try:
         with warnings.catch_warnings():  # DCP warns that no group is running: here it is meant
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+            warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
+            shard_reader.load(state, folder)
     except CheckpointException as exc:
         failures = list(getattr(exc, "failures", {}).values())
-        first = getattr(failures[0], "exc", failures[0]) if failures else exc
+        first = failures[0] if failures else exc
+        first = first[0] if isinstance(first, tuple) else first  # (exception, traceback)
         raise RuntimeError(f"{type(first).__name__}: {first_line(first, 160)}") from None
 
 

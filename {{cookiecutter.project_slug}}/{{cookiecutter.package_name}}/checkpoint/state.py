@@ -114,6 +114,7 @@ def restore_training_state(
     if "shards" not in state:  # a sharded state's model and optimizer: sharded.restore
         load_model_state(model, state["model"], "resume")
         optimizer.load_state_dict(state["optimizer"])
+    match_layouts(optimizer)
     scheduler.load_state_dict(state["scheduler"])
     if state["scaler"]:  # empty when saved without fp16; a fresh scaler starts from defaults
         scaler.load_state_dict(state["scaler"])
@@ -124,6 +125,23 @@ def restore_training_state(
     # keep their fresh seeds (the data order still resumes exactly, see data/sampler.py).
     if len(rngs) == world_size:
         set_rng_state(rngs[rank])
+
+
+def match_layouts(optimizer) -> None:
+    """Give each state tensor its parameter's memory layout. load_state_dict casts dtype and
+    device, not layout: resumed with train.channels_last changed, the moments would keep the
+    old one, and the fused AdamW step pairs elements by memory offset (wrong updates on the
+    CPU, an error on CUDA)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.shape == param.shape
+                    and value.stride() != param.stride()
+                ):
+                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def note_batch_change(state: dict, effective_batch: int) -> None:

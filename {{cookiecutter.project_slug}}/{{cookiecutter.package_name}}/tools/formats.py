@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..utils.device import torch_older_than
 
 EMBED_LIMIT = 1536 * 2**20  # weights up to this size go inside the .onnx (torch's own margin)
 
@@ -23,8 +24,14 @@ class ExportError(UserError):
     """A model that the chosen exporter cannot handle."""
 
 
-def _batch_dim() -> dict:
-    return {0: torch.export.Dim("batch", min=1, max=65536)}
+def _dynamic(model: nn.Module) -> tuple[dict]:
+    """The input's dynamic dimensions: the batch, and a language model's positions (1 to its
+    max_len, Serving.positions) so that a prompt of any length runs, as in TorchScript."""
+    dims = {0: torch.export.Dim("batch", min=1, max=65536)}
+    positions = getattr(model, "positions", None)
+    if positions:
+        dims[1] = torch.export.Dim("positions", min=1, max=positions)
+    return (dims,)
 
 
 def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
@@ -37,13 +44,18 @@ def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> N
 
 
 def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
+    program = torch.export.export(model, (example,), dynamic_shapes=_dynamic(model))
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
     write_bytes(path, buffer.getvalue())
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+    if torch_older_than(2, 7):  # 2.6's exporter fails on BatchNorm with today's onnxscript
+        raise ExportError(
+            f"--format onnx needs torch >= 2.7 (this is {torch.__version__}); upgrade torch, "
+            "or use --format export"
+        )
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
         raise ExportError(
@@ -56,7 +68,7 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
         dynamo=True,
         input_names=["input"],
         output_names=["output"],
-        dynamic_shapes=(_batch_dim(),),
+        dynamic_shapes=_dynamic(model),
     )
     size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if size <= EMBED_LIMIT:  # one file: the weights inside the protobuf

@@ -16,9 +16,10 @@ class Serving(nn.Module):
     training data's statistics (CSV columns, image channels), and outputs mapped back to the
     targets' units for regression (which learns standardised targets), as predict.py does."""
 
-    def __init__(self, model: nn.Module, inputs=None, outputs=None):
+    def __init__(self, model: nn.Module, inputs=None, outputs=None, positions: int | None = None):
         super().__init__()
         self.model = model
+        self.positions = positions  # a language model's longest input; the exporters read it
         for prefix, stats in (("in", inputs), ("out", outputs)):
             mean, std = (t.float() for t in stats) if stats else (None, None)
             self.register_buffer(f"{prefix}_mean", mean)
@@ -45,22 +46,37 @@ def serving_model(trained: Trained) -> Serving:
         inputs = (torch.tensor(meta["mean"]).view(shape), torch.tensor(meta["std"]).view(shape))
     if trained.cfg.task.name == "regression":
         outputs = (trained.task.mean, trained.task.std)
-    return Serving(trained.model, inputs, outputs).eval()
+    return Serving(trained.model, inputs, outputs, max_positions(trained)).eval()
+
+
+def max_positions(trained: Trained) -> int | None:
+    """A language model takes 1 to this many positions (model.max_len; the training length for
+    a model that does not say); None for the other tasks, whose sample shape is fixed."""
+    if trained.cfg.task.name != "language_model":
+        return None
+    return int(getattr(trained.model, "max_len", trained.io["input_shape"][0]))
+
+
+def parity_inputs(model: Serving, x: torch.Tensor) -> list[torch.Tensor]:
+    """What the parity check runs: `x`, and for a language model the same tokens at other
+    lengths too, a short prompt and (by repeating the windows) the longest input."""
+    if model.positions is None:
+        return [x]
+    length = x.shape[1]
+    inputs = [x, x[:, : max(1, length // 3)]]
+    if model.positions > length:
+        inputs.append(x.repeat(1, -(-model.positions // length))[:, : model.positions])
+    return inputs
 
 
 def contract(trained: Trained) -> dict:
     """What goes in and comes out of the artifact: names, shapes, dtypes, units."""
-    shape = ["batch", *trained.io["input_shape"]]
-    units = input_units(trained.meta)
-    return {
-        "input": {
-            "name": "input",
-            "shape": shape,
-            "dtype": trained.io["input_dtype"],
-            "units": units,
-        },
-        "output": output_spec(trained),
-    }
+    positions = max_positions(trained)
+    shape = ["batch", *trained.io["input_shape"]] if positions is None else ["batch", "positions"]
+    spec = {"name": "input", "shape": shape, "dtype": trained.io["input_dtype"]}
+    if positions is not None:
+        spec["positions"] = {"min": 1, "max": positions}
+    return {"input": {**spec, "units": input_units(trained.meta)}, "output": output_spec(trained)}
 
 
 def input_units(meta: dict) -> str:

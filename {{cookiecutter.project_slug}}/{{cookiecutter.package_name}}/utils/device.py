@@ -58,11 +58,6 @@ def check_amp(amp: str, device: torch.device) -> None:
     """Refuse a mixed-precision mode the device cannot run well, before anything is written."""
     if amp == "fp16" and device.type == "cpu":
         raise ConfigError("train.amp=fp16 needs a GPU; use train.amp=bf16 on CPU (or off)")
-    if amp != "off" and device.type == "mps" and _torch_older_than(2, 5):
-        raise ConfigError(
-            f"train.amp={amp} on MPS needs torch >= 2.5 (this is {torch.__version__}); "
-            "upgrade torch or use train.amp=off"
-        )
     if amp == "bf16" and not native_bf16(device):
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device)
@@ -75,8 +70,20 @@ def check_amp(amp: str, device: torch.device) -> None:
         )
 
 
-def _torch_older_than(major: int, minor: int) -> bool:
-    version = tuple(int(part) for part in torch.__version__.split(".")[:2])
+def check_torch(strategy: str, device: torch.device) -> None:
+    """Refuse what this torch cannot run, before anything is written: FSDP2 on the CPU calls
+    stream methods that torch.cpu.Stream has from 2.7 on (the floor is 2.6)."""
+    if strategy == "fsdp" and device.type == "cpu" and torch_older_than(2, 7):
+        raise ConfigError(
+            f"train.strategy=fsdp on the CPU needs torch >= 2.7 (this is {torch.__version__}); "
+            "upgrade torch, train on CUDA GPUs, or use train.strategy=ddp"
+        )
+
+
+def torch_older_than(major: int, minor: int) -> bool:
+    """Whether the torch running is older than major.minor (what needs a newer one than the
+    floor, 2.6, is refused below its version)."""
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     return version < (major, minor)
 
 

@@ -1,0 +1,152 @@
+"""Reading a shard folder (torch.distributed.checkpoint) without running code from it.
+
+DCP pickles the folder's index (.metadata) and the entries that are not tensors (the
+optimizer's hyperparameters), and torch 2.6-2.13 read both back with plain pickle: a file whose
+object reduces to os.system runs its command on load. Here the index is read by an unpickler
+that builds only the classes DCP's index is made of, and those entries with
+torch.load(weights_only=True), as DCP already reads the tensors. Anything else is refused with
+a CheckpointError naming the file.
+
+This module imports DCP at the top: import it inside the functions that read a shard folder.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import pickle
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+from ..errors import CheckpointError
+
+_DCP = "torch.distributed.checkpoint"
+# What DCP's index is made of (torch 2.6 to 2.13 write the same: read from their
+# metadata.py and filesystem.py, and from the index of real checkpoints), besides the dtypes.
+ALLOWED = {
+    *(
+        (f"{_DCP}.metadata", name)
+        for name in (
+            "Metadata",
+            "StorageMeta",
+            "MetadataIndex",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",  # TensorProperties' memory format
+        )
+    ),
+    (f"{_DCP}.filesystem", "_StorageInfo"),  # where each entry's bytes are
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a layout by its name ("torch.strided")
+}
+# StorageMeta.checkpoint_id is the Path the folder was written to: only a name, so a pure path
+# (a PosixPath cannot be built on Windows). Python 3.13 names their module pathlib._local.
+_PATHS = {
+    "PosixPath": pathlib.PurePosixPath,
+    "PurePosixPath": pathlib.PurePosixPath,
+    "WindowsPath": pathlib.PureWindowsPath,
+    "PureWindowsPath": pathlib.PureWindowsPath,
+}
+
+
+class _Refused(pickle.UnpicklingError):
+    """A global the index may not hold; its message is the global's name."""
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in ALLOWED:
+            return super().find_class(module, name)
+        # vars(), not getattr(): torch's module __getattr__ imports submodules by name.
+        if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):
+            return vars(torch)[name]
+        if module.split(".")[0] == "pathlib" and name in _PATHS:
+            return _PATHS[name]
+        raise _Refused(f"{module}.{name}")
+
+
+def refused(path: Path | str, what: str) -> str:
+    return (
+        f"checkpoint file {str(path)!r} holds pickled code ({what}), refused: loading it could "
+        "run commands; delete the checkpoint, or re-save it where you trust its source"
+    )
+
+
+def read_index(folder: Path | str, name: str = ".metadata") -> Metadata:
+    """The shard folder's index. CheckpointError if it holds code; the errors of pickle (a
+    damaged file) and OSError (the system's) otherwise."""
+    path = Path(folder) / name
+    with open(path, "rb") as f:
+        try:
+            index = _IndexUnpickler(f).load()
+        except _Refused as exc:
+            raise CheckpointError(refused(path, str(exc))) from None
+    if not isinstance(index, Metadata):
+        raise pickle.UnpicklingError(f"it holds a {type(index).__name__}, not DCP's index")
+    return index
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, reading the index with read_index (the tensors it already reads
+    with weights_only=True). `refused`: the refusal, which DCP wraps in its own errors."""
+
+    refused: CheckpointError | None = None
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        rank = kwargs.get("rank")  # newer torch: a rank's own index (saved uncoordinated)
+        try:
+            index = read_index(self.path, ".metadata" if rank is None else f"__{rank}.metadata")
+        except CheckpointError as exc:
+            self.refused = exc
+            raise
+        if getattr(index, "storage_meta", None) is None:  # as FileSystemReader does
+            index.storage_meta = StorageMeta()
+        index.storage_meta.load_id = self.load_id
+        return index
+
+
+class SafePlanner(DefaultLoadPlanner):
+    """DCP's load planner, reading the entries that are not tensors with weights_only=True
+    (DCP's own reads them with weights_only=False). `reader` names the file in a refusal."""
+
+    def __init__(self, reader: SafeReader):
+        super().__init__()
+        self.reader = reader
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            entry = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            found = re.search(r"GLOBAL (\S+)", str(exc))  # else damaged bytes: DCP's error
+            if found is None:
+                raise
+            where = self.reader.storage_data[read_item.storage_index].relative_path
+            what = f"{found.group(1)} in {read_item.dest_index.fqn}"
+            self.reader.refused = CheckpointError(refused(Path(self.reader.path) / where, what))
+            raise self.reader.refused from None
+        # Handed on re-saved: what torch.save writes for tensors and plain values is what
+        # weights_only reads, so the planner's own (unrestricted) load builds only those.
+        buffer = io.BytesIO()
+        torch.save(entry, buffer)
+        buffer.seek(0)
+        super().load_bytes(read_item, buffer)
+
+
+def load(state: dict, folder: Path | str) -> None:
+    """dcp.load with the reader and planner above: fills `state` in place from `folder`.
+    A refusal is raised as it is; DCP's other errors as DCP raises them."""
+    reader = SafeReader(folder)
+    try:
+        dcp.load(state, storage_reader=reader, planner=SafePlanner(reader))
+    except BaseException:  # DCP's CheckpointException is no Exception
+        if reader.refused is not None:
+            raise reader.refused from None
+        raise

@@ -11,6 +11,7 @@ lock; what a checkpoint holds and how it is read and written is files.py's.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -19,6 +20,8 @@ from ..errors import CheckpointError, ConfigError
 from ..utils import locks
 from . import files
 
+# save()'s names (step-{step:08d}.pt); other files named step-* are not step checkpoints.
+STEP_FILE = re.compile(r"step-\d{8,}\.pt")
 # What going without the folder lock risks (a filesystem without locks).
 UNLOCKED_RUN = "two processes training the same run would not be stopped"
 
@@ -33,12 +36,17 @@ class RunFolder:
         self._lock_id: tuple[int, int] | None = None  # (device, inode) of the file locked
 
     def step_files(self) -> list[Path]:
-        return sorted(self.run_dir.glob("step-*.pt"), reverse=True)  # newest first
+        """The step checkpoints, newest first: step-<8 digits>.pt only, not files the tools
+        write beside them (consolidate's step-N.full.pt, an export's step-N.torchscript.pt),
+        which pruning would delete and a resume would try."""
+        found = self.run_dir.glob("step-*.pt")
+        return sorted((p for p in found if STEP_FILE.fullmatch(p.name)), reverse=True)
 
     def checkpoint_files(self) -> list[Path]:
         """Every checkpoint of the run, loadable or not (files set aside as *.bad included)."""
-        patterns = ("step-*.pt", "step-*.pt.bad", "last.pt", "best.pt")
-        return [path for pattern in patterns for path in sorted(self.run_dir.glob(pattern))]
+        bad = [p for p in self.run_dir.glob("step-*.pt.bad") if STEP_FILE.fullmatch(p.stem)]
+        ends = [self.run_dir / name for name in ("last.pt", "best.pt")]
+        return [*self.step_files()[::-1], *sorted(bad), *(p for p in ends if p.exists())]
 
     def save(self, state: dict, step: int, is_best: bool, record=None) -> Path:
         """Save `state` as step `step`'s file (and last.pt, best.pt), keep the newest

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -18,9 +19,12 @@ STOP_SIGNALS = (*signals.SIGNALS, *(s for s in signals.KEEP_IGNORED if s not in 
 
 
 def main(root: Path, argv: list[str] | None = None) -> int:
-    """The sweep's exit code. The signals' handlers are this call's: restored on return."""
+    """The sweep's exit code. The signals' handlers are this call's: restored on return (only
+    the main thread has them: called from another, it runs without)."""
     stops: list[int] = []  # the stop signals received, in order: the sweep's to act on
-    previous = signals.catch(STOP_SIGNALS, lambda signum, frame: stops.append(signum))
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = signals.catch(STOP_SIGNALS, lambda signum, frame: stops.append(signum))
     try:
         args = _parser().parse_args(argv)
         return guard(lambda: _run(root, args, stops), args.debug)

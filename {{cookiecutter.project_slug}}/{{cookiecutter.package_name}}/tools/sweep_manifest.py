@@ -252,6 +252,7 @@ def study_errors(path: Path):
             raise ConfigError(_study_line(path, cause)) from None
         if isinstance(exc, RuntimeError) and "table schema" in str(exc):
             raise ConfigError(
-                f"{str(path)!r} was set up by another version of optuna: {first_line(exc, 300)}"
+                f"{str(path)!r} was set up by another version of optuna: {first_line(exc, 300)} "
+                f"(or {STUDY_AFRESH})"
             ) from None
         raise

@@ -179,6 +179,26 @@ def test_a_trial_left_running_by_a_killed_sweep_is_resumed_with_the_same_setting
     assert [t["number"] for t in trials] == [1, 2]
 
 
+def test_a_trial_that_finished_as_its_sweep_was_killed_is_told_to_the_study_not_rerun(
+    tmp_path, monkeypatch
+):
+    optuna = pytest.importorskip("optuna", reason=f"the sweep extra: {INSTALL}")
+    calls = fake_trials(monkeypatch, tmp_path, {})
+    with monkeypatch.context() as m:  # dies after sweep.json says done, before the study knows
+        m.setattr(optuna.study.Study, "tell", lambda *args, **kw: (_ for _ in ()).throw(Killed))
+        with pytest.raises(Killed):
+            sweep_cli.main(ROOT, optuna_args(tmp_path, 2, *UNPRUNED))
+    folder = tmp_path / "o"
+    [done] = records(folder)
+    assert done["state"] == "done" and load_study(folder).trials[0].state.name == "RUNNING"
+
+    assert sweep_cli.main(ROOT, optuna_args(tmp_path, 2, *UNPRUNED)) == 0
+    study = load_study(folder)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert study.trials[0].value == 1.0  # its result (runs.csv), as the fake trial reported
+    assert [c["run"] for c in calls_of(calls)].count(done["id"]) == 1
+
+
 def test_a_trial_that_cannot_write_stops_the_study_and_is_retried_by_the_rerun(
     tmp_path, monkeypatch, capsys
 ):

@@ -9,10 +9,14 @@ import math
 import os
 import pickle
 import random
+import resource
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1069,6 +1073,116 @@ def _other_run(new_name: bool):
 
         return Plan(cmd, (0,), keep=_run_files(runs / "syn"), clean=[runs], check=check)
 
+
+# ---- sweeps that recover: kill -9, study.db, full disks, a changed --config, early stops ---
+# (issue 30 items 3, 8, 9, 12 and the sweep's part of 19; issue 26 D10)
+
+# Trials of a few seconds, long enough to be caught training: 1024 samples, 3 epochs.
+RECOVERY_FIXED = [
+    *(a for a in TINY if not a.startswith(("data.train_size", "data.val_size", "train.epochs"))),
+    "data.train_size=1024",
+    "data.val_size=64",
+    "train.epochs=3",
+]
+AXES = {"optuna": "train.lr=log:1e-3:1e-2", "grid": "train.lr=1e-3,2e-3"}
+STUDY_LOCK = threading.Lock()  # the Optuna base is made once, whichever case comes first
+
+
+def sweep_recovery_cases() -> list[Case]:
+    cases = [Case("sweeps-kill9-in-trial-optuna", "sweeps", (), _killed("optuna", None))]
+    cases += [Case("sweeps-kill9-in-trial-grid", "sweeps", (), _killed("grid", None))]
+    for delay in (1.0, 2.5):
+        name = f"sweeps-kill9-at-{delay}s-optuna"
+        cases.append(Case(name, "sweeps", (), _killed("optuna", delay)))
+    for how in ("garbage", "truncated", "zeroed", "a-folder", "another-programs", "another-study",
+                "other-trials", "another-schema", "locked", "deleted"):  # fmt: skip
+        cases.append(Case(f"sweeps-study-db-{how}", "sweeps", (), _study(how)))
+    for mode in ("optuna", "grid"):
+        for how in ("fsize", "disk"):
+            cases.append(Case(f"sweeps-{how}-retried-{mode}", "sweeps", (), _full(mode, how)))
+        for what in ("file", "extended"):
+            name = f"sweeps-config-{what}-changed-{mode}"
+            cases.append(Case(name, "sweeps", (), _config_changed(mode, what)))
+        for sig, delays in ((signal.SIGTERM, (0.2, 0.6, 1.2)), (signal.SIGINT, (0.3, 1.0))):
+            for delay in delays:
+                name = f"sweeps-{sig.name[3:].lower()}-at-start-{delay}s-{mode}"
+                cases.append(Case(name, "sweeps", (), _stopped_early(mode, sig, delay)))
+    for delay in (0.3, 0.6, 1.0):
+        cases.append(Case(f"sweeps-term-in-report-{delay}s", "sweeps", ("sweep",), _report(delay)))
+    cases.append(Case("sweeps-optuna-max-steps", "sweeps", (), _mid_epoch))
+    return cases
+
+
+def _sweep_cmd(out: Path, mode: str, n: int = 2, *extra: str, options=()) -> list[str]:
+    """The sweep of `mode` (its folder out/<mode>) to n trials (Optuna), with `extra`
+    overrides; options come before the overrides (argparse takes them there)."""
+    head = ["--name", mode] + (["--optuna", str(n), "--prune-after", "9"] * (mode == "optuna"))
+    return py("sweep", *head, *options, *RECOVERY_FIXED, *extra, AXES[mode],
+              f"run.output_dir={out}")  # fmt: skip
+
+
+def _phase(ctx, folder: Path, cmd: list[str], kill=None, fsize: int | None = None) -> tuple:
+    """Run cmd to its end, or kill -9 it (the sweep only: its trials live on) once kill()
+    says so; (exit code, stdout, stderr). The first half of a case, before its rerun."""
+    out, err = folder / "phase.out", folder / "phase.err"
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))) if fsize else None
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen([sys.executable, *cmd], cwd=ctx.project, env=ctx.env, stdout=o,
+                                stderr=e, start_new_session=True, preexec_fn=limit)  # fmt: skip
+        start = time.monotonic()
+        while proc.poll() is None and time.monotonic() - start < 300:
+            if kill is not None and kill(time.monotonic() - start):
+                proc.kill()
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return proc.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
+
+
+def _study_states(db: Path) -> list[str]:
+    with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as con:
+        return [row[0] for row in con.execute("SELECT state FROM trials ORDER BY number")]
+
+
+def _finished(sweep: Path, n: int, mode: str) -> str | None:
+    """The sweep's n trials all finished, and (Optuna) its study agrees: no trial left
+    RUNNING or WAITING, one finished study trial per finished record."""
+    trials = json.loads((sweep / "sweep.json").read_text())["trials"]
+    states = [t["state"] for t in trials]
+    if len(states) != n or set(states) - {"done", "pruned"}:
+        return f"trials not all finished: {states}"
+    if mode == "optuna":
+        study = _study_states(sweep / "study.db")
+        if {"RUNNING", "WAITING"} & set(study):
+            return f"study left unfinished trials: {study}"
+        if sum(s in ("COMPLETE", "PRUNED") for s in study) != n:
+            return f"study {study} does not match sweep.json's {states}"
+    return None
+
+
+def _killed(mode: str, delay: float | None):
+    """kill -9 of the sweep while its first trial trains (after its first checkpoint) or at
+    a moment; the same command again must finish every trial, the killed one resumed."""
+
+    def prepare(ctx, folder):
+        out = folder / "runs"
+        cmd = _sweep_cmd(out, mode)
+
+        def kill(seconds):
+            return seconds >= delay if delay else any(out.glob(f"{mode}/t00*/step-*.pt"))
+
+        _phase(ctx, folder, cmd, kill=kill)
+
+        def check(res):
+            reason = _finished(out / mode, 2, mode)
+            logs = sorted((out / mode / "logs").glob("t00*.out"))
+            if reason is None and delay is None and "resumed at step" not in logs[0].read_text():
+                reason = f"the killed trial {logs[0].stem} did not resume"
+            return reason
+
+        return Plan(cmd, (0,), clean=[out], check=check)
+
     return prepare
 
 
@@ -1113,6 +1227,41 @@ def _best_terms(metric: str):
         cmd.append("train.best_mode=max")
         return Plan(cmd, (0,), clean=[runs], check=resumed_from(runs / "syn", ctx.steps["syn"]))
 
+
+def _study_base(ctx) -> Path:
+    """A finished 1-trial Optuna sweep in the bases (runs/optuna), made on first use."""
+    with STUDY_LOCK:
+        if not (ctx.runs / "optuna" / "sweep.json").is_file():
+            rc, _, err = _phase(ctx, ctx.base, _sweep_cmd(ctx.runs, "optuna", 1))
+            if rc != 0:
+                raise RuntimeError(f"the Optuna base sweep failed (exit {rc}): {err[-300:]}")
+    return ctx.runs / "optuna"
+
+
+def _study(how: str):
+    """study.db damaged, not this sweep's, locked or gone; the same command (to 2 trials)
+    refuses in one line and writes nothing; a deleted study.db is rebuilt from sweep.json."""
+
+    def prepare(ctx, folder):
+        _study_base(ctx)
+        runs = copy_runs(ctx, folder, "optuna")
+        db = runs / "optuna" / "study.db"
+        holder = _damage_study(db, how)
+        listing = sorted(p.name for p in (runs / "optuna").rglob("*"))
+
+        def check(res):
+            if holder is not None:
+                holder.kill()
+            if how == "deleted":
+                return _finished(runs / "optuna", 2, "optuna")
+            now = sorted(p.name for p in (runs / "optuna").rglob("*"))
+            return None if now == listing else f"files changed: {set(now) ^ set(listing)}"
+
+        keep = [runs / "optuna" / "sweep.json", *([db] if db.is_file() else [])]
+        expect = (0,) if how == "deleted" else (2,)
+        return Plan(_sweep_cmd(runs, "optuna"), expect, keep_refused=keep, clean=[runs],
+                    check=check)  # fmt: skip
+
     return prepare
 
 
@@ -1142,6 +1291,66 @@ def _out_other(tool: str):
             kept = [out / "notes.txt"]
         cmd = _tool_cmd("export" if tool == "export" else "evaluate", run / "best.pt", out)
         return Plan(cmd, (2,), keep=kept + _run_files(run), clean=[folder])
+
+
+def _damage_study(db: Path, how: str):
+    """Returns the process holding db locked, for "locked"."""
+    sql = {
+        "another-programs": "CREATE TABLE notes (text)",
+        "another-study": "UPDATE studies SET study_name = 'another'",
+        "other-trials": "UPDATE trial_params SET param_value = param_value * 1.5",
+        "another-schema": "UPDATE alembic_version SET version_num = 'v99.0.0'",
+    }
+    if how in ("truncated", "zeroed", "deleted"):
+        damage(db, how)
+    elif how == "garbage":
+        db.write_bytes(b"not a database " * 512)
+    elif how == "a-folder":
+        db.unlink()
+        db.mkdir()
+    elif how == "locked":
+        hold = "import sqlite3,sys,time; c = sqlite3.connect(sys.argv[1], isolation_level=None)"
+        hold += "; c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)"
+        holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE)
+        holder.stdout.readline()  # held from here
+        return holder
+    else:
+        if how == "another-programs":
+            db.unlink()
+        with sqlite3.connect(db) as con:
+            con.execute(sql[how])
+    return None
+
+
+def _full(mode: str, how: str):
+    """A full disk (tmpfs) or a file-size limit under the first trial's checkpoint: the sweep
+    stops at that trial with one line (exit 2), no trial started after it; with room again,
+    the same command retries it and finishes."""
+
+    def prepare(ctx, folder):
+        if how == "disk" and not ctx.can_mount:
+            return Plan([], (), skip=ctx.can_mount_why)
+        out, mounts = folder / "runs", []
+        out.mkdir()
+        if how == "disk":  # room for the records, not for a checkpoint of the wider model
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(out)],
+                           check=True)  # fmt: skip
+            mounts = [out]
+        cmd = _sweep_cmd(out, mode, 2, "model.width=32")  # checkpoints of ~800 KB
+        first = _phase(ctx, folder, cmd, fsize=400 * KiB if how == "fsize" else None)
+        if how == "disk":
+            subprocess.run(["mount", "-o", "remount,size=64m", str(out)], check=True)
+
+        def check(res):
+            rc, stdout, stderr = first
+            lines = [ln for ln in stderr.splitlines() if ln.strip()]
+            if rc != 2 or len(lines) != 1 or not lines[0].startswith("error:"):
+                return f"the full-disk run ended {rc} with {len(lines)} stderr lines: {lines[:1]}"
+            if stdout.count(": started") != 1:
+                return f"{stdout.count(': started')} trials started on the full disk, not 1"
+            return _finished(out / mode, 2, mode)
+
+        return Plan(cmd, (0,), clean=[out], check=check, mounts=mounts)
 
     return prepare
 
@@ -1267,6 +1476,58 @@ def _kill9(mode: str):
         cmd = ["-c", KILL9, mode, str(target), str(first), str(second)]
         return Plan(cmd, (0,), keep=[run / "best.pt"], clean=[run, folder])
 
+
+def _config_changed(mode: str, what: str):
+    """The sweep's --config file (or the file it extends) edited between two runs: the
+    second is refused in one line and writes nothing."""
+
+    def prepare(ctx, folder):
+        base, config, out = folder / "base.yaml", folder / "exp.yaml", folder / "runs"
+        base.write_text("train:\n  weight_decay: 0.01\n")
+        config.write_text("extends: base.yaml\ntrain:\n  grad_clip: 0.5\n")
+        options = ["--config", str(config)] + ["--slurm", "--no-submit"] * (mode == "grid")
+        rc, _, err = _phase(ctx, folder, _sweep_cmd(out, mode, 1, options=options))
+        if rc != 0:
+            raise RuntimeError(f"the first sweep failed (exit {rc}): {err[-300:]}")
+        if what == "file":
+            config.write_text("extends: base.yaml\ntrain:\n  grad_clip: 0.25\n")
+        else:
+            base.write_text("train:\n  weight_decay: 0.02\n")
+        listing = sorted(p.name for p in out.rglob("*"))
+
+        def check(res):
+            now = sorted(p.name for p in out.rglob("*"))
+            return None if now == listing else f"files changed: {set(now) ^ set(listing)}"
+
+        cmd = _sweep_cmd(out, mode, 2, options=options)
+        return Plan(cmd, (2,), keep_refused=[out / mode / "sweep.json"], clean=[out], check=check)
+
+    return prepare
+
+
+def _ends_its_lines(res) -> str | None:
+    return None if res.out.endswith("\n") else f"output cut mid-line: {res.out[-60:]!r}"
+
+
+def _stopped_early(mode: str, sig, delay: float):
+    """A stop signal while the sweep starts (imports, checks, the study) or as its first
+    trial starts: exit 75, no traceback, whole records, the output's last line ended."""
+
+    def prepare(ctx, folder):
+        out = folder / "runs"
+        if sig == signal.SIGINT and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            why = "SIGINT is ignored here (a background job): the sweep keeps it so, as it must"
+            return Plan([], (), skip=why)
+
+        def check(res):
+            manifest = out / mode / "sweep.json"
+            if manifest.exists() and "running" in manifest.read_text():
+                return "a trial left 'running' in sweep.json"
+            return _ends_its_lines(res)
+
+        cmd = _sweep_cmd(out, mode)
+        return Plan(cmd, (75,), signals=[(None, delay, sig)], clean=[folder], check=check)
+
     return prepare
 
 
@@ -1299,6 +1560,17 @@ def _tool_signal(tool: str, delay: float, sig: int = signal.SIGINT):
             signals=[(None, delay, sig)],
             check=check,
         )
+
+
+def _report(delay: float):
+    """SIGTERM while a finished sweep's rerun prints and writes its report: it finishes the
+    report (0) or, stopped before it, says so (75); never a report cut short."""
+
+    def prepare(ctx, folder):
+        runs = copy_runs(ctx, folder, "sw")
+        cmd = py("sweep", "--name", "sw", *SWEEP_FIXED, SWEEP_AXIS, f"run.output_dir={runs}")
+        signals = [(None, delay, signal.SIGTERM)]
+        return Plan(cmd, (0, 75), signals=signals, clean=[runs], check=_ends_its_lines)
 
     return prepare
 
@@ -1397,6 +1669,20 @@ def _damaged_twice(ctx, folder):
     return Plan(cmd, (0,), keep=[earlier], clean=[runs], check=check)
 
 
+def _mid_epoch(ctx, folder):
+    """train.max_steps inside an epoch (64 steps an epoch, 100 steps): Optuna is told the
+    last validation at its own step (1562 thousandths of an epoch), not only epoch 1's."""
+    out = folder / "runs"
+
+    def check(res):
+        with sqlite3.connect(out / "optuna" / "study.db") as con:
+            steps = {row[0] for row in con.execute("SELECT step FROM trial_intermediate_values")}
+        return None if 1562 in steps else f"no mid-epoch step among {sorted(steps)}"
+
+    cmd = _sweep_cmd(out, "optuna", 2, "train.max_steps=100")
+    return Plan(cmd, (0,), clean=[out], check=check)
+
+
 def all_cases(formats: list[str]) -> list[Case]:
     return [
         *control_cases(),
@@ -1406,6 +1692,7 @@ def all_cases(formats: list[str]) -> list[Case]:
         *hostile_cases(),
         *predict_cases(),
         *sweep_cases(),
+        *sweep_recovery_cases(),
         *signal_cases(),
         *config_cases(),
         *tool_cases(),

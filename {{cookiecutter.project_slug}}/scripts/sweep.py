@@ -9,9 +9,11 @@ r"""Hyperparameter sweeps: each trial a named run of scripts/train.py, resumable
     python scripts/sweep.py --name lrs --report                               # the table again
 
 Trials run under <run.output_dir>/<name>/; sweep.json holds their state. The same command
-again skips done trials and resumes the others. Exit codes: 0 done, 1 a trial failed, 2 bad
-input, 75 stopped: Ctrl-C or SIGTERM makes each running trial save and stop (run again to
-continue; a second Ctrl-C stops them without saving).
+again skips done trials and resumes the others (one a killed sweep left running too). Exit
+codes: 0 done, 1 a trial failed, 2 bad input (or a trial that could not write, a full disk:
+the sweep stops there and the same command retries it), 75 stopped: Ctrl-C or SIGTERM makes
+each running trial save and stop (run again to continue; a second Ctrl-C stops them without
+saving).
 """
 
 from pathlib import Path

@@ -16,7 +16,7 @@ from conftest import ROOT, TINY, run_script
 
 from {{ cookiecutter.package_name }}.config import load_config, save_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools import sweep_cli, sweep_manifest
+from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli, sweep_manifest, sweep_report
 from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
 from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.utils.logger import record_run
@@ -494,3 +494,185 @@ def test_slurm_array_tasks_share_the_sweep_lock_that_a_whole_sweep_takes_alone(t
     with pytest.raises(ConfigError, match="is already running in another process"):
         sweep_manifest.hold_sweep(tmp_path, one_trial=True)
     os.close(whole)
+
+
+# --- Trials that stand in for train.py ---------------------------------------------------
+# The sweep's own decisions (what to start, resume, record, refuse) in process and in about a
+# second: each trial is a small script, not a training run. It does what FAKE_TRIALS says for
+# its run name (the first key it starts with, else "*"), and appends to calls.jsonl what ran.
+FAKE_TRIAL = """
+import json, os, shutil, sys
+from pathlib import Path
+from {{ cookiecutter.package_name }}.utils.logger import record_run  # no torch: it starts fast
+
+settings = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a and not a.startswith("--"))
+name, lr = settings["run.name"], float(settings.get("train.lr", 1e-3))
+run = Path(settings["run.output_dir"]) / name
+plan = json.loads(os.environ["FAKE_TRIALS"])
+action = next((v for k, v in plan.items() if name.startswith(k)), plan["*"])
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    f.write(json.dumps({"run": name, "lr": lr, "action": action}) + "\\n")
+if action == "enospc":  # what train.py prints for a full disk
+    print(f"error: cannot use '{run}/step-1.pt': {os.strerror(28)}; free space", file=sys.stderr)
+    sys.exit(2)
+run.mkdir(parents=True, exist_ok=True)
+shutil.copy(os.environ["FAKE_CONFIG"], run / "config.yaml")  # what the report reads
+acc = min(lr * 100, 1.0)  # a result that depends on the settings
+rows = "".join(f"{e},{16 * e},{acc * e / 2},{1 - acc}\\n" for e in (1, 2))
+(run / "metrics.csv").write_text("epoch,step,val/acc,val/loss\\n" + rows)
+if action == "stopped":  # saved and stopped (SIGTERM)
+    sys.exit(75)
+record_run(run.parent, {"run": name, "best_val_acc": acc, "val_loss": 1 - acc})
+"""
+
+
+def fake_trials(monkeypatch, tmp_path: Path, plan: dict) -> Path:
+    """From now on the sweep's trials run FAKE_TRIAL with `plan`; returns its calls file."""
+    script, config = tmp_path / "fake_trial.py", tmp_path / "fake_config.yaml"
+    script.write_text(FAKE_TRIAL)
+    save_config(load_config(None, TINY), config)
+    calls = tmp_path / "calls.jsonl"
+
+    def command(self, trial):
+        return [sys.executable, str(script), *self.overrides(trial)]
+
+    monkeypatch.setattr(sweep.Sweep, "command", command)
+    monkeypatch.setattr(sweep_report, "available", lambda: False)  # no plots: seconds less
+    for key, value in {"TRIALS": json.dumps({"*": "done", **plan}), "CALLS": calls,
+                       "CONFIG": config}.items():  # fmt: skip
+        monkeypatch.setenv(f"FAKE_{key}", str(value))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    return calls
+
+
+def calls_of(calls: Path) -> list[dict]:
+    return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_a_trial_that_cannot_write_stops_the_sweep_and_is_retried_by_the_rerun(
+    tmp_path, monkeypatch, capsys
+):
+    calls = fake_trials(monkeypatch, tmp_path, {"*": "enospc"})
+    out, grid = tmp_path / "out", "train.lr=1e-3,2e-3,3e-3"
+    assert in_process(out, "--name", "g", grid) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "t00-lr1e-3" in line and "No space left on device" in line
+    assert "run the same command again" in line
+    assert [c["run"] for c in calls_of(calls)] == ["t00-lr1e-3"]  # none started after it
+    trials = json.loads((out / "g" / "sweep.json").read_text())["trials"]
+    assert [t["state"] for t in trials] == ["pending"] * 3  # the first one to retry
+
+    fake_trials(monkeypatch, tmp_path, {})  # space freed
+    assert in_process(out, "--name", "g", grid) == 0
+    trials = json.loads((out / "g" / "sweep.json").read_text())["trials"]
+    assert [t["state"] for t in trials] == ["done"] * 3
+    assert [c["run"] for c in calls_of(calls)].count("t00-lr1e-3") == 2
+
+
+@pytest.mark.parametrize("edit", ["its own settings", "the file it extends", "a comment"])
+def test_a_sweep_refuses_to_continue_after_its_config_file_changed(tmp_path, capsys, edit):
+    base = tmp_path / "base.yaml"
+    base.write_text("train:\n  weight_decay: 0.01\n")
+    config = tmp_path / "exp.yaml"
+    config.write_text("extends: base.yaml\ntrain:\n  grad_clip: 0.5\n")
+    args = ["--name", "c", "--config", str(config), "--slurm", "--no-submit", *GRID]
+    assert in_process(tmp_path, *args) == 0
+    records = {p: p.read_bytes() for p in (tmp_path / "c").iterdir() if p.is_file()}
+    if edit == "its own settings":
+        config.write_text("extends: base.yaml\ntrain:\n  grad_clip: 0.25\n")
+    elif edit == "the file it extends":
+        base.write_text("train:\n  weight_decay: 0.02\n")
+    else:  # the same settings: the trials train the same models
+        config.write_text("extends: base.yaml\n# clipped\ntrain: {grad_clip: 0.5}\n")
+    capsys.readouterr()
+    if edit == "a comment":
+        assert in_process(tmp_path, *args) == 0
+        return
+    assert in_process(tmp_path, *args) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "--config file" in line and "put the file back" in line, line
+    assert {p: p.read_bytes() for p in (tmp_path / "c").iterdir() if p.is_file()} == records
+
+
+def test_a_config_file_edited_while_the_sweep_runs_stops_it_before_its_next_trial(
+    tmp_path, monkeypatch, capsys
+):
+    calls = fake_trials(monkeypatch, tmp_path, {})
+    config = tmp_path / "exp.yaml"
+    config.write_text("train:\n  grad_clip: 0.5\n")
+    finish = sweep.Sweep._finish
+
+    def finish_then_edit(self, *args):  # the user edits the file for the next experiment
+        finish(self, *args)
+        config.write_text("train:\n  grad_clip: 0.25\n")
+
+    monkeypatch.setattr(sweep.Sweep, "_finish", finish_then_edit)
+    args = ["--name", "e", "--config", str(config), "train.lr=1e-3,2e-3"]
+    assert in_process(tmp_path, *args) == 2
+    assert "changed while the sweep ran" in one_error_line(capsys.readouterr().err)
+    assert [c["run"] for c in calls_of(calls)] == ["t00-lr1e-3"]
+    trials = json.loads((tmp_path / "e" / "sweep.json").read_text())["trials"]
+    assert [t["state"] for t in trials] == ["done", "pending"]
+
+
+class Stopped(Exception):
+    """A stop signal that no handler of the sweep caught (it would have ended pytest)."""
+
+
+@pytest.fixture
+def stop_signals_raise():
+    """While the test runs, SIGTERM raises Stopped instead of ending pytest, and SIGINT raises
+    KeyboardInterrupt (as in any Python process): what a sweep must not let happen."""
+
+    def stopped(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, stopped), signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGTERM, previous[0])
+    signal.signal(signal.SIGINT, previous[1])
+
+
+def stop_inside(monkeypatch, module, name: str, sig: int) -> None:
+    """`module.name` sends `sig` to this process, then does what it did: a stop that lands
+    at that moment."""
+    original = getattr(module, name)
+
+    def stopping(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, stopping)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_the_sweep_starts_ends_it_before_its_first_trial(
+    tmp_path, monkeypatch, capsys, stop_signals_raise, sig
+):
+    calls = fake_trials(monkeypatch, tmp_path, {})
+    stop_inside(monkeypatch, sweep_manifest, "hold_sweep", sig)  # after its checks
+    assert in_process(tmp_path, "--name", "s", *GRID) == 75
+    out, err = capsys.readouterr()
+    assert not calls_of(calls) and "Traceback" not in err
+    assert out.endswith("run the same command again to continue (%s)\n" % (tmp_path / "s"))
+    assert f"sweep stopped ({signal.Signals(sig).name})" in out
+    trials = json.loads((tmp_path / "s" / "sweep.json").read_text())["trials"]
+    assert {t["state"] for t in trials} == {"pending"}
+
+
+def test_a_stop_during_the_report_lets_the_report_finish(
+    tmp_path, monkeypatch, capsys, stop_signals_raise
+):
+    folder = finished_sweep(tmp_path, capsys, [0.5, 0.7, 0.6, 0.4], [0.5, 0.3, 0.4, 0.6])
+    stop_inside(monkeypatch, sweep_report, "table", signal.SIGTERM)
+    assert in_process(tmp_path, "--name", "g", "--report", *GRID) == 0
+    out = capsys.readouterr().out  # the whole of it, to its last line's end
+    assert out.endswith(f"its config: {folder / 'best.yaml'}\n")
+    assert (folder / "best.yaml").exists() and (folder / "results.csv").exists()

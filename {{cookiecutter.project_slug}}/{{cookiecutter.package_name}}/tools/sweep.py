@@ -20,12 +20,14 @@ import time
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 from ..utils import signals
 from . import sweep_manifest, sweep_report
 from .sweep_plan import SBATCH_MISSING, plan, slots_for
 
 EXIT_PREEMPTED = 75
+# A record "running" that no process runs was left by a sweep that was killed: resumed too.
+UNFINISHED = ("pending", "running")
 
 
 def sweep_folder(args, fixed: list[str]) -> Path:
@@ -41,14 +43,20 @@ class Sweep:
     def __init__(self, root: Path, folder: Path, config, fixed: list[str], trials: list[dict]):
         self.root, self.dir, self.config, self.fixed = root, folder, config, fixed
         self.trials = trials
-        self.signals: list[int] = []  # the stop signals received, in order
+        # The stop signals received, in order: sweep_cli.main's list, noted since start-up.
+        self.signals: list[int] = []
+        # Why no more trials start, and the error line the sweep ends with (exit 2): a trial
+        # could not write, or the --config file changed while the sweep ran.
+        self.halt: tuple[str, str] | None = None
+        self.digest = sweep_manifest.config_digest(config)
         self.slots: list[dict] = [{}]  # where trials run: set from --parallel and --gpus
         self._held: int | None = None  # the sweep lock's descriptor while this process runs it
         self._sent: dict[int, set] = {}  # pid -> the signals passed on to that trial
         self._started: list[str] = []  # the trials this process started
+        self._waiting: set[str] = set()  # trials whose run folder another process holds
 
     @classmethod
-    def create(cls, root: Path, args) -> Sweep:
+    def create(cls, root: Path, args, stops: list[int] | None = None) -> Sweep:
         sweep_folder(args, [])  # the name first: nothing else means much with a bad one
         fixed, trials = plan(args)
         if not trials:
@@ -57,6 +65,7 @@ class Sweep:
         # Absolute: trials, SLURM tasks (which cd to the project) and reruns find the same file.
         config = str(Path(args.config).resolve()) if args.config else None
         sweep = cls(root, folder, config, fixed, trials)
+        sweep.signals = stops if stops is not None else sweep.signals
         for trial in trials:  # bad input stops the sweep before any trial runs
             try:
                 load_config(config, sweep.overrides(trial))
@@ -92,7 +101,10 @@ class Sweep:
         """Keep the recorded state of an existing sweep of the same trials."""
         with sweep_manifest.locked(self.dir) as saved:
             if saved is None:
-                self._write({"config": self.config, "fixed": self.fixed, "trials": self.trials})
+                self._write(
+                    {"config": self.config, "config_digest": self.digest, "fixed": self.fixed,
+                     "trials": self.trials}
+                )  # fmt: skip
                 return
             same = [(t["id"], t["overrides"]) for t in saved["trials"]]
             if (
@@ -104,6 +116,8 @@ class Sweep:
                     f"sweep {self.dir.name!r} exists in {self.dir.parent} with other "
                     "trials or settings; choose another --name"
                 )
+            if not sweep_manifest.check_config(self.dir, saved, self.config, self.digest):
+                self._write({**saved, "config_digest": self.digest})  # recorded from now on
             self.trials = saved["trials"]
 
     def release(self) -> None:
@@ -132,8 +146,10 @@ class Sweep:
             f"{len(slots)} at a time"
         )
         self._run_all(todo, slots)
-        if self.signals or any(t["state"] == "pending" for t in todo):
+        if self.stopping() or any(t["state"] in UNFINISHED for t in todo):
             self._say_stopped(todo)
+            if self.halt:
+                raise UserError(self.halt[1])
             return EXIT_PREEMPTED
         if args.run_index is not None:
             return todo[0]["exit_code"] or 0 if todo else 0
@@ -143,25 +159,55 @@ class Sweep:
             print(f"{len(failed)} trial(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1 if failed else status
 
+    def stopping(self) -> bool:
+        """No trial starts once a signal asked to stop or the sweep halted."""
+        return bool(self.signals or self.halt)
+
+    def same_config(self) -> bool:
+        """Whether the --config file (and those it extends) still holds the settings the sweep
+        started with: trials started after an edit would train other models, ranked with the
+        ones before it. The sweep halts at the first change."""
+        if sweep_manifest.config_digest(self.config) == self.digest:
+            return True
+        self.halt = self.halt or (
+            " (its --config file changed)",
+            f"the --config file {self.config!r} (or a file it extends) changed while the sweep "
+            "ran: the trials not yet started would train other models than the others; put "
+            "the file back as it was and run the same command again, or start another sweep "
+            "(another --name) with the new file",
+        )
+        return False
+
     def _run_all(self, todo: list[dict], slots: list[dict]) -> None:
-        """Start trials in free slots until all ran or a signal asks to stop."""
+        """Start trials in free slots until all ran, a signal asks to stop or the sweep halts."""
         running: dict[int, tuple] = {}
-        previous = signals.catch(_STOP_SIGNALS, lambda signum, frame: self.signals.append(signum))
         queue = list(todo)
-        try:
-            while (queue and not self.signals) or running:
-                for slot in range(len(slots)):
-                    if slot not in running and queue and not self.signals:
-                        running[slot] = self._start(queue.pop(0), slots[slot])
-                self._pass_on(running)
-                for slot, (trial, proc, err, began) in list(running.items()):
-                    if proc.poll() is not None:
-                        del running[slot]
-                        err.close()
-                        self._finish(trial, proc.returncode, time.monotonic() - began)
-                time.sleep(0.05)
-        finally:
-            signals.restore(previous)
+        while (queue and not self.stopping()) or running:
+            for slot in range(len(slots)):
+                if slot in running or self.stopping():
+                    continue
+                trial = next((t for t in queue if not self.busy(t)), None)
+                if trial is None or not self.same_config():
+                    break
+                queue.remove(trial)
+                running[slot] = self._start(trial, slots[slot])
+            self._pass_on(running)
+            for slot, (trial, proc, err, began) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[slot]
+                    err.close()
+                    self._finish(trial, proc.returncode, time.monotonic() - began)
+            time.sleep(0.05)
+
+    def busy(self, trial: dict) -> bool:
+        """Whether another process still holds the trial's run folder (said once): a trial that
+        a killed sweep left behind saves and stops first; it resumes after."""
+        if not sweep_manifest.run_busy(self.dir / trial["id"]):
+            return False
+        if trial["id"] not in self._waiting:
+            self._waiting.add(trial["id"])
+            print(f"{trial['id']}: waiting for the process that still holds its run folder")
+        return True
 
     def _pass_on(self, running: dict) -> None:
         """Trials run in their own sessions (a terminal's Ctrl-C reaches only the sweep): once
@@ -185,8 +231,13 @@ class Sweep:
     def _trial(self, trial_id: str) -> dict:
         return next(t for t in self.trials if t["id"] == trial_id)
 
+    def stop_cause(self) -> str:
+        if self.halt:
+            return self.halt[0]
+        return f" ({signal.Signals(self.signals[0]).name})" if self.signals else ""
+
     def _say_stopped(self, todo: list[dict]) -> None:
-        cause = f" ({signal.Signals(self.signals[0]).name})" if self.signals else ""
+        cause = self.stop_cause()
         saved = [i for i in self._started if self._trial(i)["exit_code"] == EXIT_PREEMPTED]
         waiting = [t["id"] for t in todo if t["id"] not in self._started]
         print(
@@ -229,17 +280,16 @@ class Sweep:
             how = "saved and stopped" if code == EXIT_PREEMPTED else "interrupted"
             print(f"{trial['id']}: {how} (exit {code}); it resumes when the sweep reruns")
         else:
-            line = _last_line(self.dir / "logs" / f"{trial['id']}.err")
-            self.update(trial, state="failed", exit_code=code, error=line)
-            print(f"{trial['id']}: failed (exit {code}): {line}")
-
-
-# SIGHUP: a closed terminal stops the trials (in their own sessions, they would not hear it).
-_STOP_SIGNALS = (*signals.SIGNALS, *(s for s in signals.KEEP_IGNORED if s not in signals.SIGNALS))
-
-
-def _last_line(path: Path) -> str:
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
-    lines = [line for line in lines if line]
-    errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["(no output)"])[-1][:300]
+            line = sweep_manifest.error_line(self.dir / "logs" / f"{trial['id']}.err")
+            failed_write = sweep_manifest.failed_write(line)
+            state = "pending" if failed_write else "failed"  # a failed write is tried again
+            self.update(trial, state=state, exit_code=code, error=line)
+            again = "; it is tried again when the sweep reruns" if failed_write else ""
+            print(f"{trial['id']}: failed (exit {code}): {line}{again}")
+            if failed_write and not self.halt:
+                self.halt = (
+                    " (a trial could not write)",
+                    f"trial {trial['id']}: {failed_write}; the sweep stopped there, as its "
+                    "other trials would fail the same way: free space on that disk (or raise "
+                    "the limit), then run the same command again to retry it",
+                )

@@ -1,43 +1,63 @@
 """scripts/sweep.py: the arguments, and which sweep they ask for: a grid or random search
 (sweep.py), an Optuna study (sweep_optuna.py), a SLURM array, or the report of a sweep's
-folder alone."""
+folder alone. Stop signals are noted from the start to the end: one during start-up stops the
+sweep before its first trial (exit 75), one during the report lets the report finish."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import threading
 from pathlib import Path
 
 from ..errors import ConfigError
-from . import sweep_manifest, sweep_report
+from ..utils import signals
 from .cli import guard
-from .sweep import Sweep, sweep_folder
-from .sweep_plan import submit_array
+
+# SIGHUP: a closed terminal stops the trials (in their own sessions, they would not hear it).
+STOP_SIGNALS = (*signals.SIGNALS, *(s for s in signals.KEEP_IGNORED if s not in signals.SIGNALS))
 
 
 def main(root: Path, argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """The sweep's exit code. The signals' handlers are this call's: restored on return (only
+    the main thread has them: called from another, it runs without)."""
+    stops: list[int] = []  # the stop signals received, in order: the sweep's to act on
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = signals.catch(STOP_SIGNALS, lambda signum, frame: stops.append(signum))
+    try:
+        args = _parser().parse_args(argv)
+        return guard(lambda: _run(root, args, stops), args.debug)
+    finally:
+        signals.restore(previous)
 
-    def run() -> int:
-        if args.optuna and not args.report:
-            from .sweep_optuna import run_study  # optuna: an optional extra
 
-            return run_study(root, args)
-        if args.report:  # what the sweep's folder records, however it was started
-            folder = sweep_folder(args, [o for o in args.overrides if _is_output_dir(o)])
-            return sweep_report.report(folder, _recorded_trials(folder, args.name))
-        sweep = Sweep.create(root, args)
-        if args.dry_run:
-            print(json.dumps(sweep.trials, indent=1))
-            return 0
-        if args.slurm:
-            return submit_array(sweep, args)
-        try:
-            return sweep.run(args)
-        finally:
-            sweep.release()
+def _run(root: Path, args, stops: list[int]) -> int:
+    # Imported here, with the signals held: a stop while they load is noted, not fatal.
+    from . import sweep_report
+    from .sweep import EXIT_PREEMPTED, Sweep, sweep_folder
+    from .sweep_plan import submit_array
 
-    return guard(run, args.debug)
+    if args.optuna and not args.report:
+        from .sweep_optuna import run_study  # optuna: an optional extra
+
+        return run_study(root, args, stops)
+    if args.report:  # what the sweep's folder records, however it was started
+        folder = sweep_folder(args, [o for o in args.overrides if _is_output_dir(o)])
+        return sweep_report.report(folder, _recorded_trials(folder, args.name))
+    sweep = Sweep.create(root, args, stops)
+    if args.dry_run:
+        print(json.dumps(sweep.trials, indent=1))
+        return 0
+    if args.slurm and stops:  # stopped while it started: nothing submitted
+        print(f"sweep stopped{sweep.stop_cause()} before submitting; run the same command again")
+        return EXIT_PREEMPTED
+    if args.slurm:
+        return submit_array(sweep, args)
+    try:
+        return sweep.run(args)
+    finally:
+        sweep.release()
 
 
 def _is_output_dir(override: str) -> bool:
@@ -45,6 +65,8 @@ def _is_output_dir(override: str) -> bool:
 
 
 def _recorded_trials(folder: Path, name: str) -> list[dict]:
+    from . import sweep_manifest
+
     manifest = sweep_manifest.read(folder / "sweep.json")
     if manifest is None:
         raise ConfigError(

@@ -8,10 +8,15 @@ runs out of memory does not take the sweep with it, and Ctrl-C, SIGTERM and resu
 same. Between epochs the sweep reads the trial's metrics.csv (whole lines only: training
 appends each row in one write) and reports each new validation value to Optuna; a trial the
 pruner stops gets SIGTERM, saves and exits, and is recorded as pruned.
+
+sweep.json is the record of what ran: each start makes the study agree with it (a sweep killed
+mid-trial leaves its Optuna trial RUNNING); a study.db that cannot be used is one line
+(sweep_manifest.check_study).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import signal
 import time
@@ -19,10 +24,9 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import ConfigError, UserError
-from ..utils import signals
 from . import sweep_manifest, sweep_report
-from .sweep import _STOP_SIGNALS, EXIT_PREEMPTED, Sweep, sweep_folder
-from .sweep_plan import range_spec, split
+from .sweep import EXIT_PREEMPTED, UNFINISHED, Sweep, sweep_folder
+from .sweep_plan import distributions, param_text, range_spec, split, value_text
 
 INSTALL = "pip install -e '.[sweep]'"
 # Options of the other modes that an Optuna sweep does not take, with their defaults.
@@ -40,26 +44,32 @@ def import_optuna():
     return optuna
 
 
-def run_study(root: Path, args) -> int:
+def run_study(root: Path, args, stops: list[int] | None = None) -> int:
     """Run (or continue) the study to args.optuna trials; the sweep's exit codes."""
     axes, sweep = _prepare(root, args)
+    sweep.signals = stops if stops is not None else sweep.signals
     optuna = import_optuna()
     metric, mode = load_config(sweep.config, sweep.fixed).best()
+    path = sweep.dir / "study.db"
     sweep._held = sweep_manifest.hold_sweep(sweep.dir, one_trial=False)
     try:
+        sweep_manifest.check_study(path, args.name)  # before anything is written
         sweep.trials = _merge(sweep, axes)
-        study = optuna.create_study(
-            storage=f"sqlite:///{sweep.dir / 'study.db'}",
-            study_name=args.name,
-            direction="maximize" if mode == "max" else "minimize",
-            # Seeded per start: a continued study does not sample its first trials again.
-            sampler=optuna.samplers.TPESampler(seed=args.seed + len(sweep.trials)),
-            pruner=optuna.pruners.MedianPruner(n_startup_trials=args.prune_after),
-            load_if_exists=True,
-        )
-        _fail_stale(study, optuna)
-        print(f"sweep {sweep.dir}: optuna, {len(sweep.trials)} of {args.optuna} trials recorded")
-        return _run(sweep, study, optuna, _distributions(axes, optuna), args.optuna, metric)
+        with sweep_manifest.study_errors(path):
+            study = optuna.create_study(
+                storage=f"sqlite:///{path}",
+                study_name=args.name,
+                direction="maximize" if mode == "max" else "minimize",
+                # Seeded per start: a continued study does not sample its first trials again.
+                sampler=optuna.samplers.TPESampler(seed=args.seed + len(sweep.trials)),
+                pruner=optuna.pruners.MedianPruner(n_startup_trials=args.prune_after),
+                load_if_exists=True,
+            )
+            dists = distributions(axes, optuna)
+            _agree(sweep, study, optuna, dists, metric)
+            recorded = f"{len(sweep.trials)} of {args.optuna} trials recorded"
+            print(f"sweep {sweep.dir}: optuna, {recorded}")
+            return _run(sweep, study, optuna, dists, args.optuna, metric)
     finally:
         sweep.release()
 
@@ -80,7 +90,7 @@ def _prepare(root: Path, args) -> tuple[dict, Sweep]:
     config = str(Path(args.config).resolve()) if args.config else None
     for key, value in axes.items():  # each end of each range must make a valid config
         kind, spec = range_spec(key, value)
-        for v in spec if kind == "choice" else [_text(kind, x) for x in spec]:
+        for v in spec if kind == "choice" else [value_text(kind, x) for x in spec]:
             try:
                 load_config(config, [*fixed, f"{key}={v}"])
             except ConfigError as exc:
@@ -93,58 +103,97 @@ def _merge(sweep: Sweep, axes: dict) -> list[dict]:
     with sweep_manifest.locked(sweep.dir) as saved:
         mine = {"config": sweep.config, "fixed": sweep.fixed, "optuna": axes}
         if saved is None:
-            sweep._write({**mine, "trials": []})
+            sweep._write({**mine, "config_digest": sweep.digest, "trials": []})
             return []
         if any(saved.get(key) != value for key, value in mine.items()):
             raise ConfigError(
                 f"sweep {sweep.dir.name!r} exists in {sweep.dir.parent} with other trials or "
                 "settings; choose another --name"
             )
+        if not sweep_manifest.check_config(sweep.dir, saved, sweep.config, sweep.digest):
+            sweep._write({**saved, "config_digest": sweep.digest})  # recorded from now on
         return saved["trials"]
 
 
-def _distributions(axes: dict, optuna) -> dict:
-    dists = optuna.distributions
-    out = {}
-    for key, value in axes.items():
-        kind, spec = range_spec(key, value)
-        if kind == "choice":
-            out[key] = dists.CategoricalDistribution(spec)
-        elif kind == "int":
-            out[key] = dists.IntDistribution(int(spec[0]), int(spec[1]))
-        else:
-            out[key] = dists.FloatDistribution(*spec, log=kind == "log")
-    return out
+def _agree(sweep: Sweep, study, optuna, dists: dict, metric: str) -> None:
+    """Make the study agree with sweep.json after a sweep that died (kill -9, a lost machine):
+    a trial it left RUNNING is told how its record ended (an unfinished one FAIL: it is asked
+    again with the same settings when it resumes, as Optuna's RetryFailedTrialCallback does),
+    and a trial enqueued but never asked is failed. A study.db that does not hold the recorded
+    trials is refused; an empty one (removed: a new study) is told the finished trials again."""
+    states = optuna.trial.TrialState
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    recorded = [r for r in sweep.trials if r.get("number") is not None]
+    if recorded and not trials:
+        return _rebuild(sweep, study, optuna, dists, metric)
+    for record in recorded:
+        trial = trials.get(record["number"])
+        if trial is None or trial.params != record["params"]:
+            raise ConfigError(sweep_manifest.not_the_study(sweep.dir / "study.db", record["id"]))
+    by_number = {r["number"]: r for r in recorded}
+    for number, trial in trials.items():
+        if trial.state == states.RUNNING:
+            record = by_number.get(number)
+            state, value = _ended(sweep, record, metric) if record else ("FAIL", None)
+            study.tell(number, value, state=getattr(states, state))
+        elif trial.state == states.WAITING:  # else the next ask would take its settings
+            study.tell(study.ask(), state=states.FAIL)
+    return None
 
 
-def _text(kind: str, value) -> str:
-    return str(int(value)) if kind == "int" else f"{value:.4g}"
+def _ended(sweep: Sweep, record: dict, metric: str) -> tuple[str, float | None]:
+    """How a recorded trial ended, as a study's trial state and value."""
+    if record["state"] == "done":
+        runs = sweep_report.runs_table(sweep.dir)
+        value = sweep_report.best_value(sweep.dir, record["id"], metric, runs)
+        return ("COMPLETE", value) if value is not None else ("FAIL", None)
+    return ("PRUNED", None) if record["state"] == "pruned" else ("FAIL", None)
 
 
-def _fail_stale(study, optuna) -> None:
-    """Trials left running by a sweep that was killed: failed (theirs resume as new ones)."""
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+def _rebuild(sweep: Sweep, study, optuna, dists: dict, metric: str) -> None:
+    """A new study for recorded trials: each finished one is told again, with its validation
+    curve, so that sampling and pruning learn from it as before; unfinished ones are asked
+    again when they resume."""
+    told = 0
+    for record in sweep.trials:
+        record["number"] = None
+        if record["state"] in UNFINISHED:
+            continue
+        state, value = _ended(sweep, record, metric)
+        curve = step_values(sweep.dir / record["id"] / "metrics.csv", metric)
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=getattr(optuna.trial.TrialState, state), value=value,
+                params=record["params"], distributions=dists, intermediate_values=curve,
+                user_attrs={"sweep_trial": record["id"]},
+            )
+        )  # fmt: skip
+        record["number"], told = told, told + 1
+    with sweep_manifest.locked(sweep.dir) as saved:
+        sweep._write({**saved, "trials": sweep.trials})
+    print(f"{sweep.dir / 'study.db'}: a new study, told the {told} finished trials of sweep.json")
 
 
 def _run(sweep: Sweep, study, optuna, dists: dict, n: int, metric: str) -> int:
-    previous = signals.catch(_STOP_SIGNALS, lambda signum, frame: sweep.signals.append(signum))
-    try:
-        while not sweep.signals:
-            trial = next((t for t in sweep.trials if t["state"] == "pending"), None)
-            if trial is None and len(sweep.trials) >= n:
-                break
-            asked = _ask(sweep, study, dists, trial)
-            _run_trial(sweep, study, optuna, asked, trial or sweep.trials[-1], metric)
-    finally:
-        signals.restore(previous)
-    waiting = [t["id"] for t in sweep.trials if t["state"] == "pending"]
-    if sweep.signals or waiting:
+    while not sweep.stopping():
+        trial = next((t for t in sweep.trials if t["state"] in UNFINISHED), None)
+        if trial is None and len(sweep.trials) >= n:
+            break
+        while trial is not None and sweep.busy(trial) and not sweep.stopping():
+            time.sleep(0.2)  # a trial left by a killed sweep: it saves and stops first
+        if sweep.stopping() or not sweep.same_config():
+            break
+        asked = _ask(sweep, study, dists, trial)
+        _run_trial(sweep, study, optuna, asked, trial or sweep.trials[-1], metric)
+    waiting = [t["id"] for t in sweep.trials if t["state"] in UNFINISHED]
+    if sweep.stopping() or waiting:
         print(
-            f"sweep stopped: {len(sweep.trials)} of {n} trials recorded"
+            f"sweep stopped{sweep.stop_cause()}: {len(sweep.trials)} of {n} trials recorded"
             + (f", {', '.join(waiting)} to resume" if waiting else "")
             + f"; run the same command again to continue ({sweep.dir})"
         )
+        if sweep.halt:
+            raise UserError(sweep.halt[1])
         return EXIT_PREEMPTED
     status = sweep_report.report(sweep.dir, sweep.trials)
     failed = [t["id"] for t in sweep.trials if t["state"] == "failed"]
@@ -155,16 +204,17 @@ def _ask(sweep: Sweep, study, dists: dict, trial: dict | None):
     """A new Optuna trial: the next sample, or the same settings again for a recorded trial
     that was stopped (its run resumes where it saved)."""
     if trial is not None:
-        study.enqueue_trial(trial["params"])
+        study.enqueue_trial(trial["params"], user_attrs={"sweep_trial": trial["id"]})
         asked = study.ask(dists)
         trial["number"] = asked.number
         return asked
     asked = study.ask(dists)
-    settings = {k: _param_text(v) for k, v in asked.params.items()}
+    settings = {k: param_text(v) for k, v in asked.params.items()}
     width = max(3, len(str(len(sweep.trials))))
     name = f"t{len(sweep.trials):0{width}d}" + "".join(
         f"-{k.rpartition('.')[2]}{v}" for k, v in settings.items()
     )
+    asked.set_user_attr("sweep_trial", name[:80])  # the run folder of the study's trial
     record = {
         "id": name[:80], "group": name[:80], "settings": settings,
         "overrides": [f"{k}={v}" for k, v in settings.items()], "params": asked.params,
@@ -177,29 +227,30 @@ def _ask(sweep: Sweep, study, dists: dict, trial: dict | None):
     return asked
 
 
-def _param_text(value) -> str:
-    """A sampled value as an override: a choice as given, an int, a float to 4 digits."""
-    if isinstance(value, str):
-        return value
-    return _text("int" if isinstance(value, int) else "float", value)
-
-
 def _run_trial(sweep: Sweep, study, optuna, asked, trial: dict, metric: str) -> None:
-    """Run one trial, reporting each epoch's validation value; tell Optuna how it ended."""
+    """Run one trial, reporting each validation value; tell Optuna how it ended."""
     running = {0: sweep._start(trial, {})}
     proc, reported, pruned = running[0][1], {}, False
     metrics = sweep.dir / trial["id"] / "metrics.csv"
-    while proc.poll() is None:
-        if sweep.signals:
-            sweep._pass_on(running)
-        elif not pruned:
-            pruned = _report(asked, metrics, metric, reported)
-            if pruned:
-                proc.send_signal(signal.SIGTERM)  # it saves and exits 75
-                epoch, value = max(reported.items())
-                print(f"{trial['id']}: pruned at epoch {epoch} (val {metric} {value:.4f})")
-        time.sleep(0.2)
-    running[0][2].close()
+    try:
+        while proc.poll() is None:
+            if sweep.signals:
+                sweep._pass_on(running)
+            elif not pruned:
+                pruned = _report(asked, metrics, metric, reported)
+                if pruned:
+                    proc.send_signal(signal.SIGTERM)  # it saves and exits 75
+                    step, value = max(reported.items())
+                    epoch = f"{step / STEP_UNIT:g}"
+                    print(f"{trial['id']}: pruned at epoch {epoch} (val {metric} {value:.4f})")
+            time.sleep(0.2)
+    except Exception:  # the study failed meanwhile (study.db locked or damaged, a full disk)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)  # the trial saves and stops: it resumes later
+        sweep._finish(trial, proc.wait(), time.monotonic() - running[0][3])
+        raise
+    finally:
+        running[0][2].close()
     states = optuna.trial.TrialState
     if pruned:
         sweep.update(trial, state="pruned", exit_code=proc.returncode, error=None)
@@ -214,17 +265,24 @@ def _run_trial(sweep: Sweep, study, optuna, asked, trial: dict, metric: str) -> 
         study.tell(asked, state=states.FAIL)
 
 
+# Optuna's steps are thousandths of an epoch: the pruner compares trials at equal steps, and an
+# epoch is the same share of training in every trial whatever its batch size or accumulation
+# (optimizer steps are not); a validation inside an epoch (train.max_steps) has its own step.
+STEP_UNIT = 1000
+
+
 def _report(asked, path: Path, metric: str, reported: dict) -> bool:
-    """Report the new epochs' validation values; True when the pruner says stop."""
-    for epoch, value in epoch_values(path, metric).items():
-        if epoch not in reported:
-            reported[epoch] = value
-            asked.report(value, epoch)
+    """Report the new validation values; True when the pruner says stop."""
+    for step, value in step_values(path, metric).items():
+        if step not in reported:
+            reported[step] = value
+            asked.report(value, step)
     return bool(reported) and asked.should_prune()
 
 
-def epoch_values(path: Path, metric: str) -> dict[int, float]:
-    """{epoch: val/<metric>} from the complete lines of a metrics.csv being written."""
+def step_values(path: Path, metric: str) -> dict[int, float]:
+    """{step: val/<metric>} from the complete lines of a metrics.csv being written, the step
+    in thousandths of an epoch (STEP_UNIT: the row of epoch 1.25 is step 1250)."""
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
     except FileNotFoundError:
@@ -232,8 +290,8 @@ def epoch_values(path: Path, metric: str) -> dict[int, float]:
     values = {}
     for row in csv.DictReader(line for line in lines if line.endswith("\n")):
         try:
-            epoch, value = int(float(row["epoch"])), float(row[f"val/{metric}"])
-        except (KeyError, TypeError, ValueError):  # a training row, or no epoch column
+            step, value = round(float(row["epoch"]) * STEP_UNIT), float(row[f"val/{metric}"])
+        except (KeyError, TypeError, ValueError, OverflowError):  # a training row, no epoch
             continue
-        values.setdefault(epoch, value)
+        values.setdefault(step, value)
     return values

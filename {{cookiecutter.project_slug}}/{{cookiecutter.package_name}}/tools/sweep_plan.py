@@ -1,5 +1,6 @@
 """Planning a sweep: the trials (grid, random search, seeds x folds) with readable ids, the
-slots they run in (a GPU or a share of the CPUs each), and the SLURM array script."""
+ranges as Optuna's distributions, the slots trials run in (a GPU or a share of the CPUs each),
+and the SLURM array script."""
 
 from __future__ import annotations
 
@@ -123,6 +124,32 @@ def range_spec(key: str, value: str) -> tuple[str, list[str] | tuple[float, floa
     if not low < high or (kind == "log" and low <= 0):
         raise ConfigError(f"{key}={value}: needs LOW < HIGH" + (", both > 0" * (kind == "log")))
     return kind, (low, high)
+
+
+def distributions(axes: dict, optuna) -> dict:
+    """The --optuna ranges as Optuna's distributions."""
+    dists = optuna.distributions
+    out = {}
+    for key, value in axes.items():
+        kind, spec = range_spec(key, value)
+        if kind == "choice":
+            out[key] = dists.CategoricalDistribution(spec)
+        elif kind == "int":
+            out[key] = dists.IntDistribution(int(spec[0]), int(spec[1]))
+        else:
+            out[key] = dists.FloatDistribution(*spec, log=kind == "log")
+    return out
+
+
+def value_text(kind: str, value) -> str:
+    return str(int(value)) if kind == "int" else f"{value:.4g}"
+
+
+def param_text(value) -> str:
+    """A sampled value as an override: a choice as given, an int, a float to 4 digits."""
+    if isinstance(value, str):
+        return value
+    return value_text("int" if isinstance(value, int) else "float", value)
 
 
 def _range(key: str, value: str):

@@ -26,12 +26,14 @@ from {{ cookiecutter.package_name }}.utils import device as devices
 
 from .common import TINY, Check, Failed, load_last
 
-# 32 steps (2 epochs of TINY), each loss read; deterministic kernels, full fp32 (no TF32).
+# 32 steps (2 epochs of TINY), each loss read; deterministic kernels, full fp32 (no TF32), no
+# dropout (its masks come from each device's own random generator).
 TRACE = [
     *(a for a in TINY if not a.startswith("run.log_every")),
     "run.log_every=1",
     "run.deterministic=true",
     "train.tf32=false",
+    "model.dropout=0",
 ]
 # Measured on the CPU: 1 against 2 threads differ by 1e-7 at most over the 32 steps, bf16
 # autocast by 7e-3 (5e-4 at the end). A CUDA trace within 1e-3 of the CPU's is fp32 on both;
@@ -126,13 +128,14 @@ def tf32_flags(c: Check) -> str:
         raise Failed(f"set_tf32 warned: {caught[0].message}")
     if not errors:
         return "TF32 flags: both APIs agree, no warning"
-    for enabled, (matmul, conv) in errors.items():
-        name = "TF32" if enabled else "IEEE fp32"
-        c.figures[f"{name} matmul error"], c.figures[f"{name} conv error"] = matmul, conv
-        goal = (1e-4, False) if enabled else (1e-5, True)  # TF32 rounds, IEEE does not
-        c.target(f"{name} matmul relative error", matmul, *goal)
-        c.target(f"{name} convolution relative error", conv, *goal)
     (tf_mm, tf_conv), (ieee_mm, ieee_conv) = errors[True], errors[False]
+    c.figures.update(tf32_errors=errors[True], ieee_errors=errors[False])
+    # TF32 keeps 10 of fp32's 23 mantissa bits: its matmul errs by ~5e-4 of the largest
+    # value, IEEE fp32 by ~1e-7. cuDNN may pick a Winograd convolution, whose IEEE error is
+    # larger, so the convolution's TF32 error is compared with its IEEE one.
+    c.target("TF32 matmul relative error", tf_mm, 1e-4)
+    c.target("IEEE fp32 matmul relative error", ieee_mm, 1e-5, at_most=True)
+    c.target("convolution error, TF32 over IEEE", tf_conv / max(ieee_conv, 1e-12), 4.0)
     return f"TF32 error {tf_mm:.0e}/{tf_conv:.0e}, IEEE {ieee_mm:.0e}/{ieee_conv:.0e} (mm/conv)"
 
 

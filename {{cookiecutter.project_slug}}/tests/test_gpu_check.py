@@ -281,7 +281,8 @@ def test_resume_keeps_what_passed_and_runs_the_rest(monkeypatch, capsys, tmp_pat
     fake_checks(monkeypatch, passes=fails, fails=lambda c: again.append(1) or "fixed")
     assert gpu_check.main(["--allow-cpu", "--json", path, "--resume"]) == 0
     rows = table(capsys.readouterr().out)
-    assert rows["passes"] == ("pass", "fine: hello") and rows["fails"] == ("pass", "fixed")
+    assert rows["passes"] == ("pass", "fine: hello (kept from the earlier report)")
+    assert rows["fails"] == ("pass", "fixed")
     assert again == [1]  # only the failed check ran again
     checks = json.loads(Path(path).read_text())["checks"]
     assert [c.get("resumed", False) for c in checks[:2]] == [True, False]

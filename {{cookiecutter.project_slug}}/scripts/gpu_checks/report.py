@@ -174,7 +174,10 @@ def table(found: dict) -> str:
     lines = [f"{'check':<{width}}  result   time  detail"]
     for r in rows:
         status = r["status"].replace(" ", "-")  # one word: the table splits on spaces
-        lines.append(f"{r['check']:<{width}}  {status:<7}{r['seconds']:5.0f}s  {r['detail']}")
+        kept = " (kept from the earlier report)" if r.get("resumed") else ""
+        lines.append(
+            f"{r['check']:<{width}}  {status:<7}{r['seconds']:5.0f}s  {r['detail']}{kept}"
+        )
     targets = found["targets"]
     if targets:
         name_width = max(len(t["name"]) for t in targets)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed
 
 from .common import ROOT, Check, Machine
 from .registry import CUDA_PATHS, SEVERAL_GPUS, Spec
@@ -83,7 +84,8 @@ def versions() -> dict:
     found = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": None, "nccl": None}
     if torch.cuda.is_available():
         found["cudnn"] = torch.backends.cudnn.version()
-        found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
+        found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
     try:
         found["triton"] = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:

@@ -47,7 +47,7 @@ def check_speed_lm(c: Check) -> str:
     """A ~100M-parameter transformer LM: bf16 against TF32 (>= 1.3x), MFU against the GPU's
     peak dense bf16 FLOP/s (>= 30%), torch.compile against eager in bf16 (>= 1.1x, compile
     time reported apart)."""
-    device, size = torch.device(c.machine.device), LM[c.machine.device]
+    device, size = devices.resolve_device(c.machine.device), LM[c.machine.device]  # cuda:0
     devices.configure_backends(device, tf32=True, deterministic=False)  # as training sets it
     opts = Transformer.Options(size["width"], size["depth"], size["heads"], 0.0, size["seq_len"])
     with device:
@@ -121,7 +121,7 @@ def check_speed_cnn(c: Check) -> str:
     settings = [*cnn_settings(c), f"run.device={c.machine.device}"]
     cfg = load_config(None, settings)
     fit_rate = trainer_rate(c, settings)
-    loop_rate, step_rate = plain_loop(cfg, torch.device(c.machine.device))
+    loop_rate, step_rate = plain_loop(cfg, devices.resolve_device(c.machine.device))
     train_set = trainer.build_data(cfg)[0]
     cuda = c.machine.device == "cuda"
     batches = (

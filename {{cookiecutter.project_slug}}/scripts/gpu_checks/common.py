@@ -39,10 +39,12 @@ STEPS_PER_EPOCH = 512 // 32
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 __all__ = ["EXIT_PREEMPTED", "ROOT", "TINY", "Check", "Failed", "Machine", "Skipped"]
 
-# A warning in a run's output: Python's ("...: UserWarning: ..."), and torch's C++ and
-# logging lines ("[W1203 12:00:00.000 ...]", "W1203 12:00:00.000000 ...", with "[rank0]:").
+# A warning in a run's output: Python's ("...: UserWarning: ..."), torch's C++ and logging
+# lines ("[W1203 12:00:00.000 ...]", "W1203 12:00:00.000000 ...", with "[rank0]:"), and the
+# project's own ("warning: ...").
 WARNING = re.compile(
     r"\b[A-Z]\w*Warning\b[:(]|\bWarning: |^(\[rank\d+\]:)?\[?W\d{4} \d\d:\d\d:\d\d"
+    r"|^warning: "
 )
 # torchrun's own notices, not the project's: the SIGTERM it forwards to its ranks (which the
 # checks send), the OMP_NUM_THREADS=1 it gives each rank when the variable is unset.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -38,7 +39,8 @@ except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says s
     _bootstrap.not_installed(exc)
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s with fp32 accumulation, from the vendor's
-# data sheets. Matched in order against torch.cuda.get_device_name(): specific names first.
+# data sheets. Matched in order against the whole words of torch.cuda.get_device_name()
+# ("L4" is not the L40's "L40"): specific names first.
 PEAK_BF16_TFLOPS = (
     ("Laptop", None),  # mobile parts share desktop names but not their clocks
     ("H100 PCIe", 756.0),
@@ -49,6 +51,7 @@ PEAK_BF16_TFLOPS = (
     ("GH200", 989.0),
     ("A100", 312.0),
     ("L40S", 362.0),
+    ("L40", 181.0),
     ("L4", 121.0),
     ("RTX 4090", 165.2),
 )
@@ -56,8 +59,13 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
 def peak_tflops(device_name: str) -> float | None:
+    """The table's peak for a GPU name, matching whole words: "NVIDIA A100-SXM4-80GB" is an
+    A100, "NVIDIA RTX A1000" is not."""
+    words = re.findall(r"[A-Za-z0-9]+", device_name)
     for key, tflops in PEAK_BF16_TFLOPS:
-        if key in device_name:
+        key_words = key.split()
+        n = len(key_words)
+        if any(words[i : i + n] == key_words for i in range(len(words) - n + 1)):
             return tflops
     return None
 
@@ -76,6 +84,25 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def time_steps(step, device: torch.device, warmup: int, steps: int, repeats: int):
+    """(seconds of the `warmup` untimed first calls, compilation included; the median
+    steps/s of `repeats` windows of `steps` calls of `step`). Each window starts and ends
+    with a device synchronize, so it times the work queued on the GPU, not its queueing."""
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    warmup_s = time.perf_counter() - start
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        rates.append(steps / (time.perf_counter() - start))
+    return warmup_s, statistics.median(rates)
 
 
 def run_variant(cfg, task, batch_xy, device, dtype: str, compiled: bool, args) -> dict:
@@ -106,19 +133,7 @@ def run_variant(cfg, task, batch_xy, device, dtype: str, compiled: bool, args) -
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    for _ in range(args.warmup):
-        step()
-    synchronize(device)
-    warmup_s = time.perf_counter() - start
-    rates = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        synchronize(device)
-        rates.append(args.steps / (time.perf_counter() - start))
-    steps_per_s = statistics.median(rates)
+    warmup_s, steps_per_s = time_steps(step, device, args.warmup, args.steps, args.repeats)
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return {
         "dtype": dtype,

@@ -64,7 +64,6 @@ if f["cuda_available"]:
     f["capability"] = list(torch.cuda.get_device_capability(0))
     f["bf16"] = torch.cuda.is_bf16_supported()  # True where bf16 is only emulated, too
     f["nccl"] = torch.distributed.is_available() and torch.distributed.is_nccl_available()
-    f["tf32"] = torch.get_float32_matmul_precision()
     try:
         x = torch.randn(64, 64)
         ok = torch.allclose((x.cuda() @ x.cuda()).cpu(), x @ x, atol=0.1)
@@ -168,6 +167,14 @@ def probe_cpu() -> dict:
     return {"machine": machine, "usable": usable, "load": load}
 
 
+def probe_tf32(root: Path) -> bool | None:
+    """train.tf32 in the project's configs/default.yaml (None: no such file or line)."""
+    path = root / "configs" / "default.yaml"
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    m = re.search(r"^\s+tf32:\s*(true|false)\b", text, re.M)
+    return m.group(1) == "true" if m else None
+
+
 def gather_facts(root: Path = ROOT) -> dict:
     try:
         package = json.loads((root / ".cookiecutter.json").read_text()).get("package_name")
@@ -183,6 +190,7 @@ def gather_facts(root: Path = ROOT) -> dict:
         "imports": probe_imports([*DEPS, *([package] if package else [])]),
         "package": package,
         "platform": sys.platform,
+        "tf32": probe_tf32(root),
     }
 
 
@@ -272,7 +280,7 @@ def diagnose_cuda(f: dict) -> list[Check]:
     if not t["cuda"]:
         return checks + [Check("ok", "no NVIDIA GPU: the CPU build is right for this machine")]
     if t["cuda_available"]:
-        return checks + healthy_cuda(t)
+        return checks + healthy_cuda(t, f.get("tf32"))
     if cvd is not None and cvd.strip() in ("", "-1"):
         msg = f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU from torch: unset it to use them"
         return checks + [Check("warn", msg)]
@@ -294,7 +302,9 @@ def diagnose_cuda(f: dict) -> list[Check]:
     return checks + [Check("FAIL", f"{msg}{cuda_in_ld_path(f)}; in a container pass --gpus all")]
 
 
-def healthy_cuda(t: dict) -> list[Check]:
+def healthy_cuda(t: dict, tf32: bool | None = None) -> list[Check]:
+    """Checks of a working CUDA build; `tf32`: the project's train.tf32 default (None:
+    unknown)."""
     major, minor = t["capability"]
     name = f"{len(t['gpus'])} GPU(s), {t['gpus'][0]} (compute capability {major}.{minor})"
     checks = [Check("ok", f"CUDA works: {name}")]
@@ -311,10 +321,25 @@ def healthy_cuda(t: dict) -> list[Check]:
     nccl = "NCCL not available: multi-GPU DDP needs the gloo backend"
     checks.append(pick(t["nccl"], "NCCL available (multi-GPU DDP)", nccl))
     if major >= 8:  # Ampere+: TF32 makes fp32 matmuls several times faster
-        tf32 = "off: torch.set_float32_matmul_precision('high') turns it on"
-        tf32 = "on" if t["tf32"] != "highest" else tf32
-        checks.append(Check("ok", f"Ampere+ GPU: TF32 for fp32 matmuls is {tf32}"))
+        checks.append(Check("ok", f"Ampere+ GPU: {tf32_line(tf32)}"))
     return checks
+
+
+def tf32_line(tf32: bool | None) -> str:
+    """TF32 as training sets it: train.tf32 (utils/device.set_tf32, at the start of each run).
+    A fresh process's torch.get_float32_matmul_precision() says nothing about that."""
+    where = "configs/default.yaml"
+    if tf32 is None:
+        return f"training sets TF32 for fp32 matmuls and convolutions by train.tf32 ({where})"
+    if tf32:
+        return (
+            f"training uses TF32 for fp32 matmuls and convolutions (train.tf32: true in {where}; "
+            "train.tf32=false computes in full fp32)"
+        )
+    return (
+        f"training computes fp32 matmuls in full fp32 (train.tf32: false in {where}); "
+        "train.tf32=true uses TF32, several times faster"
+    )
 
 
 def diagnose_cpu(f: dict) -> list[Check]:

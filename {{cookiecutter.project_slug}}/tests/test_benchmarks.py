@@ -96,6 +96,16 @@ def test_known_gpus_map_to_their_peak_and_specific_names_win():
     assert gpu_bench.peak_tflops("cpu") is None
 
 
+def test_peak_table_matches_whole_names_only():
+    """A key inside a longer word is another GPU: the L40 is not an L4 (whose peak made its
+    MFU 1.5x too high), an RTX A1000 is not an A100, an H1000 nothing in the table."""
+    assert gpu_bench.peak_tflops("NVIDIA L40") == 181.0
+    assert gpu_bench.peak_tflops("NVIDIA RTX A1000") is None
+    assert gpu_bench.peak_tflops("NVIDIA H1000") is None
+    assert gpu_bench.peak_tflops("NVIDIA H200 NVL") == 835.0
+    assert gpu_bench.peak_tflops("NVIDIA GH200 480GB") == 989.0
+
+
 def test_flop_count_is_the_matmul_count_and_scales_with_the_batch():
     cfg = load_config(None, ["model.name=mlp", "model.width=16", "model.depth=1"])
     x, y = torch.randn(8, 1, 2, 2), torch.randint(3, (8,))

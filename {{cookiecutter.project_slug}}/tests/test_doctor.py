@@ -34,7 +34,6 @@ HEALTHY = {
         "capability": [9, 0],
         "bf16": True,
         "nccl": True,
-        "tf32": "highest",
         "matmul_error": None,
         "threads": 4,
     },
@@ -44,6 +43,7 @@ HEALTHY = {
     "imports": dict.fromkeys((*doctor.DEPS, "mypkg"), (True, "1.0")),
     "package": "mypkg",
     "platform": "linux",
+    "tf32": True,  # train.tf32 in the project's configs/default.yaml
 }
 CPU_TORCH = {"ok": True, "version": "2.13.0+cpu", "cuda": None, "hip": None, "cudnn": None}
 CPU_TORCH.update(mps=False, cuda_available=False, cuda_warning=None)
@@ -149,6 +149,28 @@ def test_unexplained_unavailable_cuda_fails_with_the_reason():
     env = {"LD_LIBRARY_PATH": "/opt/cuda/lib64"}
     (msg,) = failures(doctor.diagnose_cuda(facts(torch=torch, env=env)))
     assert "CUDA unknown error" in msg and "LD_LIBRARY_PATH=/opt/cuda/lib64" in msg
+
+
+def test_tf32_is_reported_as_training_sets_it():
+    """A fresh process has TF32 off whatever the project does, so the doctor reported it off;
+    training turns it on by default (train.tf32). The line says what training does and names
+    the setting that changes it."""
+    fresh = {"tf32": "highest"}  # torch.get_float32_matmul_precision() in a new process
+    (on,) = [c for c in doctor.diagnose_cuda(facts(torch=fresh)) if "TF32" in c.message]
+    assert on.status == "ok" and "training uses TF32" in on.message
+    assert "train.tf32=false" in on.message and "set_float32_matmul_precision" not in on.message
+    (off,) = [c.message for c in doctor.diagnose_cuda(facts(tf32=False)) if "TF32" in c.message]
+    assert "full fp32" in off and "train.tf32=true" in off
+    (unknown,) = [c.message for c in doctor.diagnose_cuda(facts(tf32=None)) if "TF32" in c.message]
+    assert "train.tf32" in unknown
+
+
+def test_tf32_default_is_read_from_the_project_config(tmp_path):
+    assert doctor.probe_tf32(doctor.ROOT) is True  # configs/default.yaml: train.tf32: true
+    (tmp_path / "configs").mkdir()
+    assert doctor.probe_tf32(tmp_path) is None
+    (tmp_path / "configs" / "default.yaml").write_text("train:\n  tf32: false  # off\n")
+    assert doctor.probe_tf32(tmp_path) is False
 
 
 def test_weak_gpu_warns_and_broken_matmul_fails():

@@ -1,22 +1,38 @@
-"""Tests for scripts/gpu_check.py without a GPU: the list of checks, the no-GPU exit, how a
-check passes, fails, skips or times out, and a few real checks on CPU (--allow-cpu). On a CUDA
-machine the script itself is the test: `make gpu-check`."""
+"""Tests for scripts/gpu_check.py without a GPU: the list, the no-GPU exit, how a check
+passes, fails, skips, times out or is stopped by SIGTERM, the JSON report and --resume, that
+every CUDA path of the package is named by a check, and (slow) every check that runs on CPU,
+for real with --allow-cpu. On a CUDA machine the script itself is the test: make gpu-check."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.util
+import json
+import os
+import re
+import signal
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, run_script
+
+import {{ cookiecutter.package_name }} as package
+from {{ cookiecutter.package_name }} import distributed
+from {{ cookiecutter.package_name }}.errors import ConfigError
 
 SCRIPT = "scripts/gpu_check.py"
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # hides any GPU, so these tests mean the same everywhere
-# scripts/ is not a package, so load the module from its path.
+# scripts/ is not a package: load the script from its path; its gpu_checks/ sits beside it.
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / SCRIPT)
 gpu_check = importlib.util.module_from_spec(spec)
 sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up there
 spec.loader.exec_module(gpu_check)
+from gpu_checks import common, registry  # noqa: E402  (importable once gpu_check is loaded)
+
+CPU = common.Machine("cpu", 0, None)
 
 
 def table(stdout: str) -> dict[str, tuple[str, str]]:
@@ -32,171 +48,393 @@ def table(stdout: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
-@pytest.mark.slow
-def test_list_names_every_check_in_order():
-    done = run_script(SCRIPT, "--list")
-    assert done.returncode == 0, done.stderr
-    names = [line.split()[0] for line in done.stdout.splitlines()]
-    assert names == list(gpu_check.CHECKS)
-    assert set(names) >= {"tests", "resume", "bf16", "fp16", "compile", "distributed"}
-    assert set(names) >= {"preemption", "smoke", "benchmark"}
-    # What the CPU suite cannot run: NCCL, CUDA-only options, GPUs for sweep trials.
-    assert set(names) >= {"fsdp", "fsdp_bf16", "cpu_offload", "compile_ddp", "compile_fsdp"}
-    assert set(names) >= {"channels_last", "init_from", "sweep_gpus"}
+def test_list_names_every_check_in_order_with_what_it_covers(capsys):
+    assert gpu_check.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[::2]] == [s.name for s in registry.CHECKS]
+    assert all(line.split()[0] == "covers:" for line in lines[1::2])
 
 
-@pytest.mark.slow
-def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
-    done = run_script(SCRIPT, env=NO_GPU)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stdout.startswith("no CUDA GPU visible: ") and len(done.stdout.splitlines()) == 1
-    assert "--allow-cpu" in done.stdout
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "find_machine", lambda: "torch 2.x is a CPU build")
+    assert gpu_check.main([]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("no CUDA GPU visible: torch 2.x") and len(out.splitlines()) == 1
+    assert "--allow-cpu" in out
 
 
-@pytest.mark.slow
-def test_the_tests_check_runs_the_slow_tests_of_test_cuda_too():
-    """pyproject's addopts deselect slow tests; the check's own -m selects them again."""
-    runs = []
-
-    class Collect:
-        def python(self, *args: str) -> str:
-            runs.append(run_script(*args, "--collect-only").stdout)
-            return runs[-1]
-
-    gpu_check.check_tests(Collect())
-    assert "test_cuda.py::test_compiled_model_trains_and_saves_plain_keys" in runs[0]
-    assert "deselected" not in runs[0]
+def test_unknown_check_and_resume_without_a_report_are_refused(capsys, tmp_path):
+    for argv in (["--only", "smoke,nope"], ["--resume"], ["--resume", "--json", "none.json"]):
+        with pytest.raises(SystemExit) as exit:
+            gpu_check.main(["--allow-cpu", *argv])
+        assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown check 'nope'" in err and err.count("--resume needs --json FILE") == 2
 
 
-@pytest.mark.slow
-def test_unknown_check_is_refused():
-    done = run_script(SCRIPT, "--allow-cpu", "--only", "smoke,nope")
-    assert done.returncode == 2 and "unknown check 'nope'" in done.stderr
+def test_bf16_counts_as_native_from_compute_capability_8_and_on_the_cpu():
+    assert common.Machine("cuda", 1, (8, 0)).native_bf16
+    assert common.Machine("cuda", 1, (9, 0)).native_bf16
+    assert not common.Machine("cuda", 1, (7, 5)).native_bf16  # T4: bf16 only emulated
+    assert CPU.native_bf16  # CPU autocast computes bf16
 
 
-def test_bf16_counts_as_native_from_compute_capability_8():
-    assert gpu_check.Machine("cuda", 1, (8, 0)).native_bf16
-    assert gpu_check.Machine("cuda", 1, (9, 0)).native_bf16
-    assert not gpu_check.Machine("cuda", 1, (7, 5)).native_bf16  # T4: bf16 only emulated
-    assert not gpu_check.Machine("cpu", 0, None).native_bf16
+def test_two_ranks_share_one_gpu_over_gloo_and_use_nccl_with_a_gpu_each(tmp_path):
+    one, two = (common.Machine("cuda", n, (9, 0)) for n in (1, 2))
+    assert (one.backend(2), two.backend(2), CPU.backend(2)) == ("gloo", "nccl", "gloo")
+    launch, env = common.Check(one, tmp_path, 0).launch(2)
+    assert "--nproc_per_node=2" in launch and env == {"DIST_BACKEND": "gloo"}
+    assert common.Check(two, tmp_path, 0).launch(2)[1] == {}
+    assert common.Check(CPU, tmp_path, 0).launch(2)[1] == {}
+    assert common.Check(one, tmp_path, 0).launch(1) == ([sys.executable, "scripts/train.py"], {})
+
+
+@pytest.mark.parametrize(
+    ("variable", "backend", "serves"),
+    [("gloo", "gloo", ("cuda", "cpu")), ("", "nccl", ("cuda",)), ("NCCL", "nccl", ("cuda",))],
+)
+def test_dist_backend_chooses_the_backend_of_cuda_ranks(monkeypatch, variable, backend, serves):
+    """DIST_BACKEND=gloo, read in distributed.join only: CUDA ranks over gloo (two may share
+    a GPU); NCCL otherwise. The GPU calls are recorded, not made."""
+    made = []
+    monkeypatch.setenv("DIST_BACKEND", variable)
+    monkeypatch.setattr(distributed.torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda b, **kw: made.append(b))
+    distributed.join(torch.device("cuda", 0))
+    assert made == [backend] and distributed._serves == serves
+    monkeypatch.setattr(distributed, "_serves", ())
+
+
+def test_dist_backend_names_what_it_takes_in_one_line(monkeypatch):
+    monkeypatch.setenv("DIST_BACKEND", "mpi")
+    with pytest.raises(ConfigError, match="^DIST_BACKEND='mpi' is not a backend") as error:
+        distributed.join(torch.device("cuda", 0))
+    assert "gloo" in str(error.value) and "\n" not in str(error.value)
 
 
 def test_pytest_summary_is_the_last_result_line():
     out = "...s.\n=== short test summary info ===\nSKIPPED [1] x\n2 passed, 1 skipped in 3.1s\n"
-    assert gpu_check.pytest_summary(out) == "2 passed, 1 skipped in 3.1s"
+    assert common.pytest_summary(out) == "2 passed, 1 skipped in 3.1s"
 
 
-def fake_checks(monkeypatch):
-    def passes(c):
-        """Passes."""
-        return "fine: " + c.python("-c", "print('hello')").splitlines()[-1]
+def test_warning_lines_are_found_and_torchruns_own_notices_are_not(tmp_path):
+    c = common.Check(CPU, tmp_path, 0)
+    c.note_warnings(
+        "\n".join(
+            [
+                "/x/torch/amp/grad_scaler.py:1: UserWarning: something deprecated",
+                "[rank0]:[W1203 12:00:00.000000 ProcessGroupNCCL.cpp:1] Warning: not destroyed",
+                "W1203 12:00:00.000000 9 torch/distributed/run.py:1] Setting OMP_NUM_THREADS",
+                "W1203 12:00:00.000000 9 torch/distributed/elastic/agent/server/api.py:1] got 15",
+                "epoch 1/2 | train loss 1.0 | val loss 1.0 acc 0.5 (best)",
+                "warning: the filesystem of /x does not support file locks",  # the project's
+                "/x/y.py:2: UserWarning: something deprecated",  # a second one is noted too
+            ]
+        ),
+        "python scripts/train.py",
+    )
+    assert [w["line"][:20] for w in c.warnings] == [
+        "/x/torch/amp/grad_sc",
+        "[rank0]:[W1203 12:00",
+        "warning: the filesys",
+        "/x/y.py:2: UserWarni",
+    ]
+    assert {w["command"] for w in c.warnings} == {"python scripts/train.py"}
 
-    def fails(c):
-        """Exits 3."""
-        c.python("-c", "import sys; print('boom'); sys.exit(3)")
 
-    def hangs(c):
-        """Sleeps past its deadline."""
-        c.python("-c", "import time; time.sleep(60)")
+# ---- every CUDA path of the package is named by a check ----
 
-    def skips(c):
-        """Skips."""
-        raise gpu_check.Skipped("not here")
-
-    checks = {"passes": passes, "fails": fails, "hangs": hangs, "skips": skips}
-    monkeypatch.setattr(gpu_check, "CHECKS", checks)
+# What marks a CUDA path in the package's code (docstrings and comments do not count).
+CUDA_MARK = re.compile(
+    r"\bcuda\b|cudnn|\bnccl\b|pin_memory|non_blocking|GradScaler|SyncBatchNorm|CPUOffloadPolicy"
+)
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-@pytest.mark.slow
-def test_each_outcome_reaches_the_table_and_a_failure_exits_1(monkeypatch, capsys):
-    fake_checks(monkeypatch)
-    assert gpu_check.main(["--allow-cpu", "--timeout", "3"]) == 1
+@functools.cache
+def cuda_sites() -> dict[str, set[str]]:
+    """{"file.py:name": the marks found there}: each top-level function or class (its
+    methods and inner functions included) or the module level of the package whose code
+    names one of CUDA_MARK."""
+    found: dict[str, set[str]] = {}
+    root = Path(package.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, *DEFINITIONS))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        visit(tree, path.relative_to(root).as_posix(), "<module>", docstrings, found)
+    return found
+
+
+def visit(node: ast.AST, file: str, where: str, docstrings: set, found: dict) -> None:
+    if isinstance(node, DEFINITIONS) and where == "<module>":
+        where = node.name
+    field = {ast.Constant: "value", ast.Attribute: "attr", ast.Name: "id", ast.alias: "name"}
+    text = getattr(node, field.get(type(node), ""), None)
+    if isinstance(text, str) and id(node) not in docstrings:
+        found.setdefault(f"{file}:{where}", set()).update(CUDA_MARK.findall(text))
+    for child in ast.iter_child_nodes(node):
+        visit(child, file, where, docstrings, found)
+
+
+def cuda_code() -> dict[str, set[str]]:
+    return {site: marks for site, marks in cuda_sites().items() if marks}
+
+
+def test_the_scan_finds_cuda_branches_and_not_docstrings():
+    found = cuda_code()
+    assert found["utils/device.py:configure_backends"] >= {"cuda"}
+    assert "GradScaler" in found["trainer.py:build_trainee"]
+    assert "SyncBatchNorm" in found["trainer.py:build_net"]
+    assert "CPUOffloadPolicy" in found["parallel.py:wrap"]
+    assert "utils/signals.py:<module>" not in found  # its docstring names no CUDA code
+
+
+def test_every_cuda_path_of_the_package_is_named_by_a_check():
+    """Each function of the package that branches on CUDA is a site of a path in
+    gpu_checks/registry.CUDA_PATHS, each site exists, and each path is covered by a check
+    that runs by default: a new CUDA branch fails here until a check covers it."""
+    sites = {site: path for path, (_, found) in registry.CUDA_PATHS.items() for site in found}
+    unnamed = sorted(set(cuda_code()) - set(sites))
+    assert not unnamed, f"CUDA code no check names (add it to registry.CUDA_PATHS): {unnamed}"
+    stale = sorted(set(sites) - set(cuda_sites()))  # no such file or top-level name
+    assert not stale, f"registry.CUDA_PATHS names functions that do not exist: {stale}"
+    covered = {p for spec in registry.CHECKS if spec.default for p in spec.covers}
+    assert covered == set(registry.CUDA_PATHS), set(registry.CUDA_PATHS) ^ covered
+
+
+# ---- running checks: outcomes, report, resume, SIGTERM (fake checks, in this process) ----
+
+
+def fake_checks(monkeypatch, **checks) -> None:
+    """These functions as the checks, each with 30 s on a GPU (x5 on the CPU), "hangs" 1 s."""
+    specs = {
+        name: registry.Spec(name, fn, ("device",), 0.2 if name == "hangs" else 30)
+        for name, fn in checks.items()
+    }
+    monkeypatch.setattr(gpu_check, "SPECS", specs)
+    monkeypatch.setattr(gpu_check, "CHECKS", tuple(specs.values()))
+
+
+def passes(c):
+    """Passes."""
+    c.target("a ratio", 2.0, 1.0)
+    return "fine: " + c.python("-c", "print('hello')").splitlines()[-1]
+
+
+def fails(c):
+    """Exits 3."""
+    c.python("-c", "import sys; print('boom'); sys.exit(3)")
+
+
+def hangs(c):
+    """Sleeps past its deadline."""
+    c.python("-c", "import time; time.sleep(60)")
+
+
+def skips(c):
+    """Skips."""
+    raise common.Skipped("not here")
+
+
+def warns(c):
+    """Prints a warning."""
+    return c.python("-c", "import warnings; warnings.warn('careful')")
+
+
+def test_each_outcome_reaches_the_table_and_the_report(monkeypatch, capsys, tmp_path):
+    fake_checks(monkeypatch, passes=passes, fails=fails, hangs=hangs, skips=skips, warns=warns)
+    path = tmp_path / "report.json"
+    assert gpu_check.main(["--allow-cpu", "--json", str(path)]) == 1
     out = capsys.readouterr().out
     rows = table(out)
     assert rows["passes"] == ("pass", "fine: hello")
     assert rows["fails"] == ("FAIL", "exit 3 (expected 0): boom")
     assert rows["hangs"][0] == "FAIL" and rows["hangs"][1].startswith("timed out")
     assert rows["skips"] == ("skip", "not here")
+    assert rows["no_warnings"][0] == "FAIL" and "UserWarning: careful" in rows["no_warnings"][1]
     assert "    | boom" in out  # a failure shows the end of its output
-    assert out.splitlines()[-1].startswith("gpu check: 1 passed, 2 failed, 1 skipped in ")
+    assert out.splitlines()[-1].startswith("gpu check: 2 passed, 3 failed, 1 skipped in ")
+    report = json.loads(path.read_text())
+    assert report["machine"]["device"] == "cpu" and report["versions"]["torch"]
+    assert report["summary"] == {"pass": 2, "FAIL": 3, "skip": 1, "stopped": 0, "not run": 0}
+    failed = report["failed"]
+    assert set(failed) == {"fails", "hangs", "no_warnings"}
+    assert failed["fails"][0].endswith("scripts/gpu_check.py --only fails --allow-cpu --keep")
+    assert failed["fails"][1].endswith("sys.exit(3)'") and failed["fails"][1].startswith("cd ")
+    assert "warnings.warn" in failed["no_warnings"][0]
+    (target,) = report["targets"]
+    assert target["name"] == "a ratio" and target["pass"] is None  # speed: not judged on CPU
+    assert report["needs_several_gpus"]["paths"] and report["complete"]
 
 
-def test_no_failure_exits_0_and_keep_keeps_the_outputs(monkeypatch, capsys):
-    fake_checks(monkeypatch)
-    assert gpu_check.main(["--allow-cpu", "--only", "passes,skips", "--keep"]) == 0
-    last = capsys.readouterr().out.splitlines()[-1]
-    kept = gpu_check.Path(last.split("outputs kept in ")[1])
-    assert (kept / "passes" / "1.log").read_text().startswith(f"$ {sys.executable} -c")
-    gpu_check.shutil.rmtree(kept)
+def test_resume_keeps_what_passed_and_runs_the_rest(monkeypatch, capsys, tmp_path):
+    path = str(tmp_path / "report.json")
+    fake_checks(monkeypatch, passes=passes, fails=fails)
+    assert gpu_check.main(["--allow-cpu", "--json", path]) == 1
+    capsys.readouterr()
+    again = []
+    fake_checks(monkeypatch, passes=fails, fails=lambda c: again.append(1) or "fixed")
+    assert gpu_check.main(["--allow-cpu", "--json", path, "--resume"]) == 0
+    rows = table(capsys.readouterr().out)
+    assert rows["passes"] == ("pass", "fine: hello (kept from the earlier report)")
+    assert rows["fails"] == ("pass", "fixed")
+    assert again == [1]  # only the failed check ran again
+    checks = json.loads(Path(path).read_text())["checks"]
+    assert [c.get("resumed", False) for c in checks[:2]] == [True, False]
 
 
-def real_checks_on_cpu(monkeypatch, capsys, *names: str) -> tuple[dict, str]:
-    """The checks `names` for real with --allow-cpu, any GPU hidden from them and from the
-    commands they start; their table's rows and the output. In this process: a subprocess
-    would only import torch once more (the tests above run the script itself)."""
-    monkeypatch.setattr(gpu_check, "find_machine", lambda: "hidden by the test")
-    for key, value in NO_GPU.items():
-        monkeypatch.setenv(key, value)
-    code = gpu_check.main(["--allow-cpu", "--only", ",".join(names)])
-    out, err = capsys.readouterr()
-    assert code == 0, out[-4000:] + err[-2000:]
-    return table(out), out
+def test_budget_leaves_out_the_checks_it_has_no_time_for(monkeypatch, capsys):
+    fake_checks(monkeypatch, passes=passes, skips=skips)
+    assert gpu_check.main(["--allow-cpu", "--budget", "1"]) == 3
+    rows = table(capsys.readouterr().out)
+    assert rows["passes"] == ("not-run", "--budget spent") == rows["skips"]
 
 
-@pytest.mark.slow
-def test_a_few_real_checks_on_cpu(monkeypatch, capsys):
-    rows, out = real_checks_on_cpu(monkeypatch, capsys, "smoke", "resume", "fp16")
-    assert list(rows) == ["smoke", "resume", "fp16"]
-    assert rows["smoke"][0] == "pass" and "smoke test passed" in rows["smoke"][1]
-    assert rows["resume"][0] == "pass" and "bitwise equal" in rows["resume"][1]
-    assert rows["fp16"] == ("skip", "fp16 autocast is checked on CUDA only")
-    assert out.splitlines()[-1].startswith("gpu check: 2 passed, 0 failed, 1 skipped")
+def test_sigterm_stops_the_check_and_its_processes_and_writes_the_report(
+    monkeypatch, capsys, tmp_path
+):
+    children = []
+
+    def stopped_midway(c):
+        """Starts a process, then this process gets SIGTERM (as from a scheduler)."""
+        children.append(c.start(sys.executable, "-c", "import time; time.sleep(60)"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        c.wait(children[0])
+
+    fake_checks(monkeypatch, passes=passes, stopped_midway=stopped_midway, skips=skips)
+    path = tmp_path / "report.json"
+    assert gpu_check.main(["--allow-cpu", "--json", str(path)]) == 75
+    assert children[0].returncode == -signal.SIGKILL  # killed with its group, and reaped
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+    report = json.loads(path.read_text())
+    statuses = [c["status"] for c in report["checks"]]
+    assert statuses == ["pass", "stopped", "not run", "pass"]  # the last: no_warnings
+    assert report["stopped"] == "SIGTERM" and not report["complete"]
+    assert "rerun with --json FILE --resume" in capsys.readouterr().out.splitlines()[-1]
 
 
-@pytest.mark.slow
-def test_preemption_check_on_cpu(monkeypatch, capsys):
-    """SIGTERM to train.py and its loader workers: exit 75, then a resume to the end."""
-    rows, _ = real_checks_on_cpu(monkeypatch, capsys, "preemption")
-    status, detail = rows["preemption"]
-    assert status == "pass" and "SIGTERM -> exit 75" in detail
-
-
-@pytest.mark.slow
-def test_the_fsdp_and_channels_last_checks_on_cpu(monkeypatch, capsys):
-    """fsdp on gloo: one process and 2 ranks, each stopped by SIGTERM and resumed; fsdp with
-    bf16 on the default CNN; channels_last under ddp and fsdp. The CUDA-only checks skip.
-    (The compile checks are left to GPUs: compiling takes minutes on a busy CPU.)"""
-    names = ["fsdp", "fsdp_bf16", "channels_last", "cpu_offload", "sweep_gpus"]
-    rows, _ = real_checks_on_cpu(monkeypatch, capsys, *names)
-    assert list(rows) == names
-    assert rows["fsdp"][0] == "pass" and rows["fsdp"][1].startswith("gloo: 1 rank(s) stopped")
-    assert "; 2 rank(s) stopped at step" in rows["fsdp"][1]
-    assert rows["fsdp_bf16"][0] == "pass" and rows["fsdp_bf16"][1].startswith("epoch 2/2")
-    assert rows["channels_last"][0] == "pass" and "fsdp: epoch 2/2" in rows["channels_last"][1]
-    assert rows["cpu_offload"][0] == "skip" and "needs CUDA GPUs" in rows["cpu_offload"][1]
-    assert rows["sweep_gpus"][0] == "skip"
-
-
-@pytest.mark.slow
-def test_init_from_check_on_cpu(monkeypatch, capsys):
-    """A run given train.init_from and train.resume=auto starts from the weights it names."""
-    rows, _ = real_checks_on_cpu(monkeypatch, capsys, "init_from")
-    status, detail = rows["init_from"]
-    assert status == "pass" and detail.startswith("one step from best.pt")
-
-
-def test_the_combinations_check_runs_the_suite_on_cuda(monkeypatch):
-    """The GPU-only combinations (fp16, NCCL) are the CPU suite's own cases on CUDA."""
+def test_the_combinations_check_runs_the_suite_on_the_gpu_ranks_sharing_it(tmp_path):
     calls = []
 
-    class Recorder:
+    class Recorder(common.Check):
         def python(self, *args, expect=0, env=None):
             calls.append((args, env))
             return "3 passed, 1 skipped in 9.0s"
 
-    assert gpu_check.check_combinations(Recorder()) == "3 passed, 1 skipped in 9.0s"
+    one_gpu = Recorder(common.Machine("cuda", 1, (9, 0)), tmp_path, 0)
+    assert registry.paths.check_combinations(one_gpu) == "3 passed, 1 skipped in 9.0s"
     ((args, env),) = calls
-    assert "tests/test_combinations.py" in args and env == {"COMBINATIONS_DEVICE": "cuda"}
-    from pairwise import covering_cases
+    assert "tests/test_combinations.py" in args
+    assert env == {"COMBINATIONS_DEVICE": "cuda", "DIST_BACKEND": "gloo"}
 
-    assert any(case["amp"] == "fp16" for case in covering_cases(device="cuda"))
+
+@pytest.mark.slow
+def test_the_tests_check_selects_the_tests_marked_cuda_the_slow_ones_too():
+    """pyproject's addopts deselect slow tests; -m cuda on the command line replaces that."""
+    done = run_script("-m", "pytest", "--collect-only", "-q", "-m", "cuda", "tests/test_cuda.py")
+    assert "test_cuda.py::test_compiled_model_trains_and_saves_plain_keys" in done.stdout
+    assert "test_cuda.py::test_trains_on_cuda_with_each_amp_mode[fp16]" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_syncbn_ranks_see_unsynchronised_statistics(tmp_path):
+    """The syncbn check's two ranks under torchrun, on the CPU: there each normalises its half
+    with plain BatchNorm (the CPU has no SyncBatchNorm), which the comparison must catch."""
+    result = tmp_path / "syncbn.json"
+    ranks = [*common.TORCHRUN, "--nproc_per_node=2", "-m", "gpu_checks.numerics", "syncbn"]
+    common.Check(CPU, tmp_path, float("inf")).run(*ranks, str(result), "cpu")
+    done = json.loads(result.read_text())
+    assert done["ranks"] == 2 and set(done["diffs"]) >= {"output", "weight grad", "running var"}
+    assert done["diffs"]["output"] > 100 * registry.numerics.SYNCBN_TOLERANCE
+    assert done["diffs"]["bias grad"] < registry.numerics.SYNCBN_TOLERANCE  # a sum: no stats
+
+
+# ---- every check that runs on CPU, for real (--allow-cpu) ----
+
+# Every check of the default run, in groups the slow layer runs side by side (each about a
+# minute on a busy 2-core machine).
+ON_CPU = {
+    "measures": ["default_run", "numerics", "speed_lm", "speed_cnn"],
+    "resumes": ["resume", "smoke", "distributed"],
+    "signals": ["ddp", "preemption"],
+    "fsdp": ["fsdp", "fsdp_bf16"],
+    "more": ["channels_last", "init_from"],
+}
+GPU_ONLY = ["tests", "syncbn", "cpu_offload", "compile", "compile_ddp", "compile_fsdp"]
+GPU_ONLY += ["sweep_gpus"]
+
+
+def test_the_cpu_groups_hold_every_check_of_the_default_run():
+    names = [n for group in ON_CPU.values() for n in group] + GPU_ONLY
+    assert sorted(names) == sorted(s.name for s in registry.CHECKS if s.default)
+
+
+def real_checks_on_cpu(monkeypatch, capsys, tmp_path, *names: str) -> tuple[dict, dict]:
+    """The checks `names` for real with --allow-cpu, any GPU hidden from them and from the
+    commands they start; their table's rows and the JSON report. gpu_check runs in this
+    process (its checks start the processes they start on a GPU)."""
+    monkeypatch.setattr(gpu_check, "find_machine", lambda: "hidden by the test")
+    for key, value in NO_GPU.items():
+        monkeypatch.setenv(key, value)
+    path = tmp_path / "report.json"
+    code = gpu_check.main(["--allow-cpu", "--only", ",".join(names), "--json", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-4000:] + err[-2000:]
+    return table(out), json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_measuring_checks_on_cpu(monkeypatch, capsys, tmp_path):
+    names = ON_CPU["measures"]
+    rows, report = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *names)
+    assert [r for r in rows if rows[r][0] == "pass"] == [*names, "no_warnings"], rows
+    assert rows["default_run"][1].startswith("epoch 1/1")
+    assert "fp32 trace cpu vs cpu" in rows["numerics"][1]
+    assert "fp16: CUDA only" in rows["numerics"][1]
+    judged = [t for t in report["targets"] if t["pass"] is not None]
+    assert {t["check"] for t in judged} == {"numerics"} and all(t["pass"] for t in judged)
+    speed = {t["name"] for t in report["targets"] if t["check"].startswith("speed")}
+    assert {"LM bf16 vs TF32 steps/s", "CNN trainer vs plain loop samples/s"} <= speed
+    assert report["machine"]["device"] == "cpu" and report["complete"]
+
+
+@pytest.mark.slow
+def test_resuming_checks_on_cpu(monkeypatch, capsys, tmp_path):
+    rows, _ = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *ON_CPU["resumes"])
+    assert all(rows[n][0] == "pass" for n in ON_CPU["resumes"]), rows
+    assert "bitwise equal" in rows["resume"][1] and "smoke test passed" in rows["smoke"][1]
+    assert rows["distributed"][1] == "1 rank(s) on gloo: world size 1 in last.pt"
+
+
+@pytest.mark.slow
+def test_stopping_checks_on_cpu(monkeypatch, capsys, tmp_path):
+    rows, _ = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *ON_CPU["signals"])
+    assert all(rows[n][0] == "pass" for n in ON_CPU["signals"]), rows
+    assert rows["ddp"][1].startswith("2 rank(s) on gloo: accumulation 2; SIGTERM at step")
+    assert "SIGTERM -> exit 75" in rows["preemption"][1]
+
+
+@pytest.mark.slow
+def test_fsdp_checks_on_cpu(monkeypatch, capsys, tmp_path):
+    rows, _ = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *ON_CPU["fsdp"])
+    assert all(rows[n][0] == "pass" for n in ON_CPU["fsdp"]), rows
+    assert rows["fsdp"][1].startswith("2 rank(s) on gloo stopped at step")
+    assert rows["fsdp_bf16"][1].startswith("epoch 2/2")
+
+
+@pytest.mark.slow
+def test_more_checks_on_cpu_and_the_gpu_only_ones_skip(monkeypatch, capsys, tmp_path):
+    names = [*ON_CPU["more"], *GPU_ONLY]
+    rows, _ = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *names)
+    assert all(rows[n][0] == "pass" for n in ON_CPU["more"]), rows
+    assert all(rows[n][0] == "skip" for n in GPU_ONLY), rows
+    assert "fsdp: epoch 2/2" in rows["channels_last"][1]
+    assert rows["init_from"][1].startswith("one step from best.pt")
+    assert "needs CUDA GPUs" in rows["cpu_offload"][1]

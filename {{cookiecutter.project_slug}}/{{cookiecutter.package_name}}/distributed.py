@@ -68,7 +68,11 @@ def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
     the sharded gradients live on the CPU and gradient clipping all-reduces their norm there.
     `alone`: store, rank and world_size of a group without torchrun (parallel.wrap)."""
     global _serves
-    if device.type == "cuda":
+    if device.type == "cuda" and gloo_on_cuda():
+        torch.cuda.set_device(device)
+        dist.init_process_group("gloo", **alone)  # gloo serves CPU and CUDA tensors
+        _serves = ("cuda", "cpu")
+    elif device.type == "cuda":
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl" if cpu_collectives else "nccl"
         dist.init_process_group(backend, device_id=device, **alone)  # binds the rank to its GPU
@@ -76,6 +80,22 @@ def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
     else:
         dist.init_process_group("gloo", **alone)
         _serves = ("cpu",)
+
+
+# DIST_BACKEND=gloo: CUDA ranks talk over gloo instead of NCCL. NCCL refuses two ranks on one
+# GPU; gloo lets several share it (slowly, through host memory), which is how
+# scripts/gpu_check.py runs DDP, SyncBatchNorm and fsdp on two ranks of a one-GPU machine.
+BACKEND_VARIABLE = "DIST_BACKEND"
+
+
+def gloo_on_cuda() -> bool:
+    value = os.environ.get(BACKEND_VARIABLE, "").strip().lower()
+    if value not in ("", "nccl", "gloo"):
+        raise ConfigError(
+            f"{BACKEND_VARIABLE}={value!r} is not a backend this project uses; set it to gloo "
+            "(CUDA ranks over gloo, e.g. several ranks on one GPU) or nccl, or unset it"
+        )
+    return value == "gloo"
 
 
 def join_alone(device: torch.device, cpu_collectives: bool = False) -> None:

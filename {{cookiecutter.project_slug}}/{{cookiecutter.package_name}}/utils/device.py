@@ -98,11 +98,35 @@ def autocast(device: torch.device, amp: str):
 def configure_backends(device: torch.device, tf32: bool, deterministic: bool) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)  # one process on cuda:N (torchrun ranks: distributed.py)
-        # TF32 keeps fp32 range with a 10-bit mantissa: ~free speed on Ampere+ for training.
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        set_tf32(tf32)
         # benchmark picks the fastest conv algorithm per shape, which is not deterministic.
         torch.backends.cudnn.benchmark = not deterministic
+
+
+_legacy_cudnn_tf32 = True  # torch's default for torch.backends.cudnn.allow_tf32
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 (fp32's range with a 10-bit mantissa: ~free speed on Ampere+ for training) for
+    CUDA matmuls and cuDNN convolutions, or full fp32 (IEEE).
+
+    torch >= 2.9 has per-operation `fp32_precision` flags; the `allow_tf32` flags are the
+    legacy API. Both are set here, because torch 2.9-2.13 raise a RuntimeError ("mix of the
+    legacy and new APIs") when anything reads the legacy state (torch.get_float32_matmul_
+    precision(), inductor's autotuning, other libraries) after only the new flags changed.
+    The legacy matmul setter warns in no version; the legacy cuDNN setter warns once on torch
+    2.9, so it is called only to change its value (on by default)."""
+    global _legacy_cudnn_tf32
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    if not hasattr(matmul, "fp32_precision") or not hasattr(cudnn, "conv"):  # torch < 2.9
+        matmul.allow_tf32 = cudnn.allow_tf32 = enabled
+        return
+    precision = "tf32" if enabled else "ieee"
+    matmul.fp32_precision = precision
+    matmul.allow_tf32 = enabled  # the legacy state, in step with the flag above
+    if _legacy_cudnn_tf32 != enabled:
+        cudnn.allow_tf32 = _legacy_cudnn_tf32 = enabled
+    cudnn.conv.fp32_precision = cudnn.rnn.fp32_precision = precision
 
 
 def usable_cpus() -> int:

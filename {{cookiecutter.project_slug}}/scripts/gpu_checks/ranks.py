@@ -1,0 +1,140 @@
+"""Several ranks, through torchrun and the project's own train.py: NCCL on one rank; DDP
+(no_sync accumulation, buffer broadcast, SyncBatchNorm, fp16 with its GradScaler) and fsdp on
+two ranks, with CPU offload and with compile. On one GPU the two ranks share it over gloo
+(DIST_BACKEND=gloo: NCCL refuses two ranks on one GPU); with 2+ GPUs they run on NCCL, a GPU
+each, as in production."""
+
+from __future__ import annotations
+
+import csv
+
+from .common import TORCHRUN, Check, Failed, Skipped, last_epoch_line, load_last
+from .paths import COMPILE_ON_CPU, long_run, stop_and_resume
+
+
+def over(c: Check, ranks: int) -> str:
+    """How `ranks` ranks run here, for the detail line."""
+    backend = c.machine.backend(ranks)
+    shared = c.machine.device == "cuda" and ranks > c.machine.gpus
+    return f"{ranks} rank(s) on {backend}" + (" sharing one GPU" if shared else "")
+
+
+def check_distributed(c: Check) -> str:
+    """torchrun with one rank on NCCL (CUDA): the group's set-up bound to its GPU, the object
+    collectives of every checkpoint (RNG states) and the teardown; and two NCCL ranks, a GPU
+    each, with 2+ GPUs. On the CPU: one rank on gloo."""
+    counts = [1, 2] if c.machine.gpus >= 2 else [1]
+    done = []
+    for ranks in counts:
+        launch = [*TORCHRUN, f"--nproc_per_node={ranks}", "scripts/train.py"]
+        out = c.run(*launch, *c.overrides(f"dist{ranks}"))
+        world = load_last(c.run_dir(f"dist{ranks}"))["meta"]["world_size"]
+        if world != ranks:
+            raise Failed(f"last.pt says world size {world}, expected {ranks}")
+        if f"x {ranks} |" not in out:
+            raise Failed(f"the run line does not say {c.machine.device} x {ranks}", out[-2000:])
+        done.append(f"{over(c, ranks)}: world size {world} in last.pt")
+    return "; ".join(done)
+
+
+def check_ddp(c: Check) -> str:
+    """DistributedDataParallel on two ranks with train.sync_bn (SyncBatchNorm), train.amp=fp16
+    (its GradScaler) and 2 micro-batches a step (no_sync on the first); BatchNorm buffers
+    broadcast from rank 0; stopped by SIGTERM after its first checkpoint and resumed to the
+    end. On the CPU without SyncBatchNorm and fp16, which need CUDA."""
+    launch, env = c.launch(2)
+    cuda = c.machine.device == "cuda"
+    options = ["train.grad_accum_steps=2", *(["train.sync_bn=true", "train.amp=fp16"] * cuda)]
+    long, micro_steps = long_run(c, ranks=2)
+    total = micro_steps // 2  # 2 micro-batches a step
+    args = c.overrides("ddp", *options, *long)
+    stopped = stop_and_resume(c, launch, "ddp", args, total, env)
+    state = load_last(c.run_dir("ddp"))
+    if state["meta"]["world_size"] != 2:
+        raise Failed(f"last.pt says world size {state['meta']['world_size']}, expected 2")
+    if cuda and not state["scaler"]:
+        raise Failed("train.amp=fp16 under DDP saved no GradScaler state")
+    scale = f", fp16 loss scale {state['scaler']['scale']:g}" if cuda else ""
+    used = "sync_bn, fp16, " if cuda else ""
+    return (
+        f"{over(c, 2)}: {used}accumulation 2{scale}; SIGTERM at step {stopped}, resumed to "
+        f"step {total}"
+    )
+
+
+def check_fsdp(c: Check) -> str:
+    """train.strategy=fsdp on one process (a one-rank group) and on two ranks: each stopped by
+    SIGTERM after its first checkpoint, then resumed to the end. Reports each run's peak CUDA
+    memory in its first epoch (start-up included). On the CPU two ranks only (the test suite
+    runs fsdp on one process there)."""
+    done = []
+    for ranks in (1, 2) if c.machine.device == "cuda" else (2,):  # one GPU: the two share it
+        launch, env = c.launch(ranks)
+        run, (long, total) = f"fsdp{ranks}", long_run(c, ranks)
+        args = c.overrides(run, "train.strategy=fsdp", *long)
+        stopped = stop_and_resume(c, launch, run, args, total, env)
+        world = load_last(c.run_dir(run))["meta"]["world_size"]
+        if world != ranks:
+            raise Failed(f"{run}: last.pt says world size {world}, expected {ranks}")
+        peak = first_epoch_memory(c, run)
+        if peak is not None:
+            c.figures[f"fsdp{ranks}_peak_mb_epoch1_rank0"] = peak
+        done.append(f"{over(c, ranks)} stopped at step {stopped}, resumed to {total}")
+    return "; ".join(done)
+
+
+def first_epoch_memory(c: Check, run: str) -> float | None:
+    """Rank 0's peak CUDA memory in the run's first epoch (metrics.csv), None on the CPU."""
+    with (c.run_dir(run) / "metrics.csv").open() as rows:
+        first = next(csv.DictReader(rows), {})
+    value = first.get("memory/cuda_peak_mb")
+    return float(value) if value else None
+
+
+def check_cpu_offload(c: Check) -> str:
+    """train.strategy=fsdp with train.cpu_offload=true (shards and optimizer step in CPU
+    memory, gradient norm all-reduced on the CPU), on one process and on two ranks."""
+    if c.machine.device != "cuda":
+        raise Skipped("train.cpu_offload needs CUDA GPUs (refused on the CPU)")
+    done = []
+    for ranks in (1, 2):  # on one GPU the two ranks share it
+        launch, env = c.launch(ranks)
+        args = c.overrides(f"offload{ranks}", "train.strategy=fsdp", "train.cpu_offload=true")
+        done.append(f"{over(c, ranks)}: {last_epoch_line(c.run(*launch, *args, env=env))}")
+    return "; ".join(done)
+
+
+def check_compile_ddp(c: Check) -> str:
+    """train.compile=true in DistributedDataParallel on two ranks, 8 steps."""
+    if c.machine.device != "cuda":
+        raise Skipped(COMPILE_ON_CPU)
+    launch, env = c.launch(2)
+    args = c.overrides("compile_ddp", "train.compile=true", "train.max_steps=8")
+    return f"{over(c, 2)}: {last_epoch_line(c.run(*launch, *args, env=env))}"
+
+
+def check_compile_fsdp(c: Check) -> str:
+    """train.compile=true with train.strategy=fsdp, one process and two ranks, 8 steps."""
+    if c.machine.device != "cuda":
+        raise Skipped(COMPILE_ON_CPU)
+    done = []
+    for ranks in (1, 2):  # on one GPU the two ranks share it
+        launch, env = c.launch(ranks)
+        options = ["train.strategy=fsdp", "train.compile=true", "train.max_steps=8"]
+        out = c.run(*launch, *c.overrides(f"compile_fsdp{ranks}", *options), env=env)
+        done.append(f"{over(c, ranks)}: {last_epoch_line(out)}")
+    return "; ".join(done)
+
+
+def check_syncbn(c: Check) -> str:
+    """SyncBatchNorm on two ranks, each with half a batch, against BatchNorm on the whole
+    batch: outputs, running statistics, input and weight gradients (numerics.py's ranks)."""
+    if c.machine.device != "cuda":
+        raise Skipped("SyncBatchNorm runs on GPUs only")
+    launch, env = c.launch(2)
+    result = c.workdir / "syncbn.json"
+    ranks = [*launch[:-1], "-m", "gpu_checks.numerics", "syncbn", str(result)]
+    c.run(*ranks, env=env)
+    from .numerics import judge_syncbn
+
+    return judge_syncbn(c, result)

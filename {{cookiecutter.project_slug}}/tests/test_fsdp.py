@@ -395,6 +395,34 @@ def test_activation_checkpointing_keeps_fewer_activations_for_the_same_gradients
     assert all(map(torch.equal, grads, grads_checkpointed))
 
 
+def trained(activation_checkpointing: bool, steps: int = 3) -> tuple[dict, list[torch.Tensor]]:
+    """The CNN's weights and buffers after `steps` SGD steps, and the last step's gradients."""
+    torch.manual_seed(0)
+    net = model("cnn", 2)
+    train = TrainConfig(activation_checkpointing=activation_checkpointing)
+    parallel.wrap(net, train, torch.device("cpu"))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    batches = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        net(torch.randn(4, 3, 8, 8, generator=batches)).sum().backward()
+        grads = [p.grad.clone() for p in net.parameters()]
+        optimizer.step()
+    return net.state_dict(), grads
+
+
+def test_activation_checkpointing_updates_batch_norm_statistics_once_per_step():
+    """The recomputation in backward reruns BatchNorm in training mode (pytorch#96136): the
+    statistics must still be those of a run without it, num_batches_tracked one per step."""
+    plain, plain_grads = trained(False)
+    checkpointed, grads = trained(True)
+    counts = {k: int(v) for k, v in checkpointed.items() if k.endswith("num_batches_tracked")}
+    assert len(counts) == 4 and set(counts.values()) == {3}, counts  # two BatchNorms a block
+    assert plain.keys() == checkpointed.keys()
+    assert all(torch.equal(plain[key], checkpointed[key]) for key in plain)  # running_mean/var
+    assert all(map(torch.equal, plain_grads, grads))
+
+
 @pytest.mark.slow
 def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
     net = model("mlp", 2)

@@ -14,6 +14,7 @@ at the top of this file they cost every run about a second of start-up, fsdp or 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections import Counter
 
@@ -46,8 +47,10 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
     if train.activation_checkpointing:
         from torch.distributed._composable import checkpoint as checkpoint_activations
 
-        for block in found:
-            checkpoint_activations(block)  # composable: parameter names stay as they were
+        for block in found:  # composable: parameter names stay as they were
+            norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._NormBase)]
+            contexts = functools.partial(_recompute_contexts, norms)
+            checkpoint_activations(block, context_fn=contexts)
     if train.strategy != "fsdp":
         return model
     from torch.distributed.device_mesh import init_device_mesh
@@ -85,6 +88,28 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
+
+
+def _recompute_contexts(norms: list[nn.Module]):  # around the forward, around recomputing it
+    return contextlib.nullcontext(), _statistics_kept(norms)
+
+
+@contextlib.contextmanager
+def _statistics_kept(norms: list[nn.Module]):
+    """The recomputation in backward reruns the block's forward in training mode, BatchNorm
+    included, which would update its running statistics and num_batches_tracked a second time
+    per step (pytorch#96136): they are put back as the forward left them."""
+    # The buffers are looked up now, not when the block was wrapped: fully_shard replaces
+    # them. A copy, not momentum=0: that would leave num_batches_tracked counting, and
+    # turning the statistics off would change what backward saves (checkpoint refuses that).
+    buffers = [b for norm in norms for b in norm.buffers(recurse=False)]
+    kept = [b.clone() for b in buffers]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(buffers, kept, strict=True):
+                buffer.copy_(value)
 
 
 def _shard_batch_norms(model: nn.Module, options: dict) -> None:

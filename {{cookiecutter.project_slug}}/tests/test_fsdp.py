@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from copy import deepcopy
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +24,7 @@ from conftest import ROOT, TINY, run_script, stop_after, tiny_with
 from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
-from {{ cookiecutter.package_name }} import checkpoint, distributed, parallel
+from {{ cookiecutter.package_name }} import checkpoint, distributed, models, parallel
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
@@ -60,6 +61,7 @@ TOLERANCE = 1e-5
 # state and the final metrics; with SLOW_STEPS each step takes that long and rank 1 writes
 # the steps it finished to rank1.step.
 DUMP = """\
+import copy
 import json
 import os
 import sys
@@ -115,6 +117,36 @@ raise SystemExit(train_main(sys.argv[2:]))
 """
 
 
+# Each rank's peak resident memory (ru_maxrss) before and after the trainer builds and
+# shards the model, and the line the trainer prints about it; then it leaves.
+START_UP = """\
+import json
+import resource
+import sys
+from pathlib import Path
+
+import torch._dynamo  # what build_trainee imports on its way (~75 MB): not the model's
+import torch.distributed.checkpoint.state_dict
+import torch.distributed.fsdp
+
+from {{ cookiecutter.package_name }} import distributed, trainer
+from {{ cookiecutter.package_name }}.config import load_config
+
+out, cfg = Path(sys.argv[1]), load_config(None, sys.argv[2:])
+dist, device = distributed.setup(cfg.run.device)
+try:
+    trainer.prepare_process(cfg, dist, device)
+    data = trainer.build_loaders(cfg, dist, device)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    trainee = trainer.build_trainee(cfg, data, dist, device, None)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peaks = {"before": before, "after": after}
+    (out / f"rank{dist.rank}.json").write_text(json.dumps(peaks))
+finally:
+    distributed.teardown()
+"""
+
+
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("helper") / "dump_fsdp.py"
@@ -136,6 +168,10 @@ def fsdp_run(tmp_path_factory, dump) -> dict:
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, dump) -> dict:
     return launch(tmp_path_factory.mktemp("ddp"), dump, DDP)
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def full_model(run_dir: Path, name: str = "last.pt") -> dict:
@@ -166,6 +202,31 @@ def test_each_rank_holds_about_half_the_parameter_and_optimizer_bytes_of_ddp(fsd
     # Together the shards are the model once: nothing is held twice.
     sharded = sum(rank["params"] for rank in fsdp_run["ranks"])
     assert sharded == ddp_run["ranks"][0]["params"]
+
+
+@slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB: Linux")
+def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path):
+    """A 250 MB model on 2 ranks: rank 0 builds it in host memory, rank 1 only receives its
+    half, one tensor (17 MB) at a time. The peak resident memory (ru_maxrss: robust to what
+    the allocator keeps or returns) that building and sharding adds on rank 1 stays well
+    under the model's size, which it exceeded when every rank built the model."""
+    args = [*TINY, "model.name=mlp", "model.width=2048", "model.depth=16"]
+    args += ["train.strategy=fsdp", f"run.output_dir={tmp_path / 'runs'}"]
+    script = tmp_path / "start_up.py"
+    script.write_text(START_UP)
+    proc = torchrun(STANDALONE, script, tmp_path, *args)
+    with torch.device("meta"):
+        net = build_model(load_config(None, args).model, torch.zeros(2, 3, 8, 8), 4)
+    size = nbytes(net.parameters())
+    peaks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    grown = [rank["after"] - rank["before"] for rank in peaks]
+    print(f"model {size / 2**20:.0f} MB; peak grew by {[f'{g / 2**20:.0f} MB' for g in grown]}")
+    assert grown[1] < 0.75 * size, (grown, size)
+    assert grown[0] < 2 * size, (grown, size)  # the full model in host memory, and its half
+    assert "start-up peak memory per rank (building and sharding the model): rank 0 " in (
+        proc.stdout
+    )
 
 
 @slow
@@ -360,18 +421,23 @@ def model(name: str, depth: int) -> nn.Module:
     return build_model(cfg.model, torch.randn(2, 3, 8, 8), 4)
 
 
+def sharded(net: nn.Module, train: TrainConfig) -> nn.Module:
+    """`net`'s model sharded on one process (a one-rank group), from `net`'s weights."""
+    return parallel.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
+
+
 def test_blocks_are_the_repeated_children_of_containers_outermost_first():
     cnn = model("cnn", 3)
-    assert parallel.blocks(cnn) == list(cnn.features)  # ConvBlocks, not the convs inside
+    assert models.blocks(cnn) == list(cnn.features)  # ConvBlocks, not the convs inside
     mlp = model("mlp", 3)
-    assert parallel.blocks(mlp) == [mlp.body[0], mlp.body[2], mlp.body[4]]  # Linear, not GELU
-    assert parallel.blocks(model("mlp", 1)) == []  # nothing repeats: the root alone
+    assert models.blocks(mlp) == [mlp.body[0], mlp.body[2], mlp.body[4]]  # Linear, not GELU
+    assert models.blocks(model("mlp", 1)) == []  # nothing repeats: the root alone
 
 
 def test_a_model_can_name_its_blocks():
     net = model("mlp", 2)
     net.fsdp_blocks = lambda: [net.head]
-    assert parallel.blocks(net) == [net.head]
+    assert models.blocks(net) == [net.head]
 
 
 def saved_for_backward(activation_checkpointing: bool) -> tuple[int, list[torch.Tensor]]:
@@ -380,7 +446,7 @@ def saved_for_backward(activation_checkpointing: bool) -> tuple[int, list[torch.
     torch.manual_seed(0)
     net = model("cnn", 2)
     train = TrainConfig(activation_checkpointing=activation_checkpointing)
-    parallel.wrap(net, train, torch.device("cpu"))
+    parallel.checkpoint_blocks(net, train)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         loss = net(torch.ones(4, 3, 8, 8)).sum()
@@ -400,7 +466,7 @@ def trained(activation_checkpointing: bool, steps: int = 3) -> tuple[dict, list[
     torch.manual_seed(0)
     net = model("cnn", 2)
     train = TrainConfig(activation_checkpointing=activation_checkpointing)
-    parallel.wrap(net, train, torch.device("cpu"))
+    parallel.checkpoint_blocks(net, train)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     batches = torch.Generator().manual_seed(1)
     for _ in range(steps):
@@ -426,14 +492,27 @@ def test_activation_checkpointing_updates_batch_norm_statistics_once_per_step():
 @pytest.mark.slow
 def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
     net = model("mlp", 2)
-    seen = []
+    seen = []  # the hook goes with the model into its sharded copy, before FSDP's own
     net.body[2].register_forward_hook(lambda module, *_: seen.append(module.weight.dtype))
-    try:  # one process: wrap() joins a one-rank group
-        parallel.wrap(net, TrainConfig(strategy="fsdp", amp="bf16"), torch.device("cpu"))
+    try:  # one process: shard() joins a one-rank group
+        net = sharded(net, TrainConfig(strategy="fsdp", amp="bf16"))
         net(torch.randn(4, 3, 8, 8)).float().sum().backward()
         assert parallel.is_sharded(net) and seen == [torch.bfloat16]
         assert {p.dtype for p in net.parameters()} == {p.grad.dtype for p in net.parameters()}
         assert {p.dtype for p in net.parameters()} == {torch.float32}
+    finally:
+        distributed.teardown()
+
+
+@pytest.mark.slow
+def test_a_sharded_model_gets_the_full_model_s_weights_and_its_unsaved_buffers():
+    net = model("cnn", 2)
+    net.register_buffer("table", torch.randn(3), persistent=False)  # not in the state dict
+    try:
+        shards = sharded(net, TrainConfig(strategy="fsdp"))
+        got = {k: v.full_tensor() for k, v in shards.state_dict().items() if k.endswith("weight")}
+        assert all(torch.equal(v, net.state_dict()[k]) for k, v in got.items()) and got
+        assert torch.equal(shards.table, net.table)
     finally:
         distributed.teardown()
 
@@ -482,8 +561,8 @@ def cnn_sharded_beside_its_copy(channels_last: bool, amp: str = "off"):
     net.to(memory_format=memory_format)
     copy = model("cnn", 2).to(memory_format=memory_format)
     copy.load_state_dict(net.state_dict())
-    parallel.wrap(net, TrainConfig(strategy="fsdp", amp=amp, channels_last=channels_last), CPU)
-    return net, copy
+    train = TrainConfig(strategy="fsdp", amp=amp, channels_last=channels_last)
+    return sharded(net, train), copy
 
 
 @pytest.mark.slow

@@ -10,6 +10,8 @@ batch size giving an input they accept; tests/test_models.py feeds it.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch import nn
 
@@ -62,6 +64,31 @@ def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
             f"{num_outputs} in the last dimension; its last layer must take num_outputs"
         )
     return model
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, the unit of sharding and of activation checkpointing.
+
+    A model may name them with a method `fsdp_blocks()`. Otherwise they are the children of an
+    nn.Sequential or nn.ModuleList that repeat one class and hold parameters (SmallCNN's
+    ConvBlocks, the MLP's Linear layers), outermost first: a block's insides are not searched.
+    """
+    declared = getattr(model, "fsdp_blocks", None)
+    if callable(declared):
+        return list(declared())
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        children = [c for c in module.children() if next(c.parameters(), None) is not None]
+        if isinstance(module, (nn.Sequential, nn.ModuleList)):
+            counts = Counter(type(child) for child in children)
+            found.extend(child for child in children if counts[type(child)] > 1)
+            children = [child for child in children if counts[type(child)] == 1]
+        for child in children:
+            visit(child)
+
+    visit(model)
+    return found
 
 
 def model_io(example: torch.Tensor, num_outputs: int) -> dict:

@@ -61,13 +61,7 @@ class Rule:
         )
 
 
-# The most specific rule first: config validation refuses fsdp + fp16 before the device check.
 REFUSED = [
-    Rule(
-        {"strategy": ["fsdp"], "amp": ["fp16"]},
-        ("train.amp=fp16", "train.strategy=fsdp"),
-        "fp16 under fsdp needs a sharded grad scaler; bf16 needs none",
-    ),
     Rule({"amp": ["fp16"]}, ("train.amp=fp16",), "fp16 needs a GPU; bf16 runs on CPU", ("cpu",)),
     Rule(
         {"task": [t for t in AXES["task"] if t not in IMAGE_TASKS], "channels_last": [True]},

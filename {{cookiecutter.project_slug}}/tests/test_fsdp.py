@@ -147,6 +147,75 @@ finally:
 """
 
 
+# loop.train_step under fsdp on each rank with a GradScaler (fp16's; fp16 autocast itself
+# needs a GPU): once without an overflow, against the same step unscaled, and once with an
+# inf put into rank 1's shard of one gradient before the scaler unscales.
+SCALER = """\
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch.nn import functional as F
+
+from {{ cookiecutter.package_name }} import distributed, loop, parallel
+from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
+from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.optim import build_optimizer
+
+out = Path(sys.argv[1])
+rank = distributed.setup("cpu")[0].rank
+CPU, INF_ON_RANK = torch.device("cpu"), 1
+
+
+def step(scale, inject):
+    model_cfg = load_config(None, ["model.name=mlp", "model.width=8", "model.dropout=0"]).model
+    torch.manual_seed(0)
+    build = lambda: build_model(model_cfg, torch.zeros(2, 3, 8, 8), 4)
+    net = parallel.shard(build, build, TrainConfig(strategy="fsdp"), CPU)
+    optimizer = build_optimizer(net, TrainConfig(), 1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+    unscale = scaler.unscale_
+    if inject:
+        def unscale_with_inf(opt):
+            if rank == INF_ON_RANK:
+                next(net.parameters()).grad.to_local().view(-1)[0] = float("inf")
+            return unscale(opt)
+        scaler.unscale_ = unscale_with_inf
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    trainee = loop.Trainee(net, optimizer, schedule, scaler, 1e-2, ddp=net, net=net)
+    run = SimpleNamespace(
+        cfg=SimpleNamespace(train=TrainConfig(grad_clip=0.01)),  # clipping bites
+        trainee=trainee,
+        device=CPU,
+        data=SimpleNamespace(task=SimpleNamespace(loss=F.cross_entropy)),
+    )
+    data = torch.Generator().manual_seed(rank)  # each rank its own batches
+    batches = iter([(torch.randn(4, 3, 8, 8, generator=data), torch.arange(4)) for _ in range(2)])
+    before = [p.full_tensor().clone() for p in net.parameters()]
+    _, norm = loop.train_step(run, batches, 2, list(net.parameters()))  # 2 micro-steps
+    after = [p.full_tensor() for p in net.parameters()]
+    return before, after, float(norm), scaler.get_scale() if scale else None
+
+
+try:
+    _, plain, plain_norm, _ = step(None, False)
+    _, scaled, scaled_norm, _ = step(2.0**16, False)
+    before, after, inf_norm, scale = step(2.0**16, True)
+    result = {
+        "same_step": all(map(torch.equal, plain, scaled)),
+        "norms": [plain_norm, scaled_norm],
+        "skipped": all(map(torch.equal, before, after)),
+        "scale": scale,
+        "inf_norm": repr(inf_norm),
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+finally:
+    distributed.teardown()
+"""
+
+
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("helper") / "dump_fsdp.py"
@@ -227,6 +296,43 @@ def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path):
     assert "start-up peak memory per rank (building and sharding the model): rank 0 " in (
         proc.stdout
     )
+
+
+@slow
+def test_under_fsdp_the_grad_scaler_skips_an_overflowed_step_on_every_rank(tmp_path):
+    """train.amp=fp16 under fsdp: DTensor reduces the scaler's found_inf over the ranks, so
+    an inf in one rank's gradient shard skips the step on both and lowers the scale alike;
+    and without one, the scaled step equals the unscaled one bit for bit (unscale before
+    the clip: clipping fp16-scaled gradients would clip 65536x harder)."""
+    script = tmp_path / "scaler.py"
+    script.write_text(SCALER)
+    torchrun(STANDALONE, script, tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for rank in ranks:
+        assert rank["same_step"] and rank["norms"][0] == rank["norms"][1] > 0.01, rank
+        assert rank["skipped"] and rank["scale"] == 2.0**15, rank
+        assert rank["inf_norm"] in ("inf", "nan"), rank
+    assert ranks[0]["norms"] == ranks[1]["norms"]  # the global norm, on every rank
+
+
+@slow
+def test_under_fsdp_a_bad_init_from_on_rank_0_stops_every_rank_with_one_line(tmp_path):
+    """Only rank 0 reads train.init_from: its error reaches the other rank, which exits as it
+    does (2) instead of waiting for weights that never come."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, "scripts/train.py"]
+    args = [*TINY, "train.strategy=fsdp", f"train.init_from={tmp_path / 'none.pt'}"]
+    proc = subprocess.run(
+        [*cmd, *args, f"run.output_dir={tmp_path / 'runs'}"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "none.pt' not found" in errors[0], proc.stderr[-3000:]
+    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]  # both ranks
+    assert not (tmp_path / "runs").exists()
 
 
 @slow
@@ -400,7 +506,6 @@ def test_a_full_ddp_checkpoint_does_not_resume_under_fsdp(tiny):
     "overrides, message",
     [
         (["train.sync_bn=true"], "train.sync_bn=true is not supported with train.strategy=fsdp"),
-        (["train.amp=fp16"], "train.amp=fp16 is not supported with train.strategy=fsdp"),
         (["train.strategy=ddp", "train.cpu_offload=true"], "needs train.strategy=fsdp"),
     ],
 )
@@ -490,14 +595,19 @@ def test_activation_checkpointing_updates_batch_norm_statistics_once_per_step():
 
 
 @pytest.mark.slow
-def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
+@pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_mixed_precision_under_fsdp_computes_in_it_and_keeps_fp32_weights_and_gradients(
+    amp, dtype
+):
+    """fp16 as bf16 (its GradScaler: test_under_fsdp_the_grad_scaler_skips_...); fp16
+    autocast itself needs a GPU."""
     net = model("mlp", 2)
     seen = []  # the hook goes with the model into its sharded copy, before FSDP's own
     net.body[2].register_forward_hook(lambda module, *_: seen.append(module.weight.dtype))
     try:  # one process: shard() joins a one-rank group
-        net = sharded(net, TrainConfig(strategy="fsdp", amp="bf16"))
+        net = sharded(net, load_config(None, ["train.strategy=fsdp", f"train.amp={amp}"]).train)
         net(torch.randn(4, 3, 8, 8)).float().sum().backward()
-        assert parallel.is_sharded(net) and seen == [torch.bfloat16]
+        assert parallel.is_sharded(net) and seen == [dtype]
         assert {p.dtype for p in net.parameters()} == {p.grad.dtype for p in net.parameters()}
         assert {p.dtype for p in net.parameters()} == {torch.float32}
     finally:

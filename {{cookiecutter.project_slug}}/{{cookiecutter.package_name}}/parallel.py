@@ -27,7 +27,7 @@ from .config import TrainConfig
 from .data import empty_batch
 from .errors import ConfigError, UserError
 from .models import blocks
-from .utils.device import peak_memory
+from .utils.device import AMP_DTYPES, peak_memory
 
 
 def check_device(train: TrainConfig, device: torch.device) -> None:
@@ -114,8 +114,8 @@ def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Mod
         model = build().to(memory_format=torch.contiguous_format)  # what FSDP shards: see below
     checkpoint_blocks(model, train)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    # bf16 compute with fp32 gradient reduction and fp32 sharded weights for the optimizer.
-    param_dtype = torch.bfloat16 if train.amp == "bf16" else None
+    # Compute in train.amp's dtype, reduce gradients in fp32, keep fp32 shards for the optimizer.
+    param_dtype = AMP_DTYPES.get(train.amp)
     options = dict(
         mesh=mesh,
         mp_policy=fsdp.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),

@@ -7,14 +7,13 @@ The trainer calls, in order: shard() under fsdp (replica() under ddp) before bui
 optimizer, even_batches() on the validation loader, memory_report() once, no_sync() and
 clip_grad_norm_() in each step. Sharded checkpoints are checkpoint/sharded.py's.
 
-FSDP, DTensor and activation checkpointing are imported inside the functions that use them:
+FSDP and DTensor are imported inside the functions that use them:
 at the top of this file they cost every run about a second of start-up, fsdp or not.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 
 import torch
@@ -26,7 +25,7 @@ from . import distributed
 from .config import TrainConfig
 from .data import empty_batch
 from .errors import ConfigError, UserError
-from .models import blocks
+from .models import blocks, checkpoint_blocks
 from .utils.device import AMP_DTYPES, peak_memory
 
 
@@ -52,43 +51,8 @@ def replica(model: nn.Module, train: TrainConfig, device: torch.device, ranks: i
             raise ConfigError("train.sync_bn=true needs CUDA GPUs; set train.sync_bn=false")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     memory_format = torch.channels_last if train.channels_last else torch.preserve_format
-    return checkpoint_blocks(model.to(device, memory_format=memory_format), train)
-
-
-def checkpoint_blocks(model: nn.Module, train: TrainConfig) -> nn.Module:
-    """`model`, changed in place: with train.activation_checkpointing, each block's activations
-    are recomputed in backward instead of kept (composable: parameter names stay as they were).
-
-    The recomputation reruns the block's forward in training mode, BatchNorm included, which
-    would update its running statistics and num_batches_tracked a second time per step
-    (pytorch#96136): they are put back as the forward left them after each recomputation."""
-    if not train.activation_checkpointing:
-        return model
-    from torch.distributed._composable import checkpoint
-
-    for block in blocks(model):
-        norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._NormBase)]
-        checkpoint(block, context_fn=functools.partial(_recompute_contexts, norms))
-    return model
-
-
-def _recompute_contexts(norms: list[nn.Module]):  # around the forward, around recomputing it
-    return contextlib.nullcontext(), _statistics_kept(norms)
-
-
-@contextlib.contextmanager
-def _statistics_kept(norms: list[nn.Module]):
-    # The buffers are looked up now, not when the block was wrapped: fully_shard and to_empty
-    # replace them. A copy, not momentum=0: that would leave num_batches_tracked counting, and
-    # turning the statistics off would change what backward saves (checkpoint refuses that).
-    buffers = [b for norm in norms for b in norm.buffers(recurse=False)]
-    kept = [b.clone() for b in buffers]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buffer, value in zip(buffers, kept, strict=True):
-                buffer.copy_(value)
+    model = model.to(device, memory_format=memory_format)
+    return checkpoint_blocks(model) if train.activation_checkpointing else model
 
 
 def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Module:
@@ -112,7 +76,8 @@ def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Mod
     full = _on_rank_0(build_full)
     with torch.device("meta"):
         model = build().to(memory_format=torch.contiguous_format)  # what FSDP shards: see below
-    checkpoint_blocks(model, train)
+    if train.activation_checkpointing:
+        checkpoint_blocks(model)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # Compute in train.amp's dtype, reduce gradients in fp32, keep fp32 shards for the optimizer.
     param_dtype = AMP_DTYPES.get(train.amp)

@@ -8,6 +8,7 @@ its rule here (and a line to the README's table of refused combinations).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -32,6 +33,13 @@ AXES: dict[str, list] = {
     "folds": [0, 3],
     "loggers": ["csv", "csv+tensorboard"],
     "export": ["torchscript", "export", "onnx"],
+    "act_ckpt": [False, True],  # train.activation_checkpointing
+    "sync_bn": [False, True],
+    "cpu_offload": [False, True],
+    "deterministic": [False, True],  # run.deterministic
+    # The one setting each resume changes: train.lr halved, train.amp off <-> bf16 (fp16 ->
+    # bf16), train.channels_last flipped (refused on non-image inputs), run.seed (refused).
+    "resume_change": ["lr", "amp", "channels_last", "seed"],
 }
 
 IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn")
@@ -61,12 +69,15 @@ class Rule:
         )
 
 
-# The most specific rule first: config validation refuses fsdp + fp16 before the device check.
+# In the order the project checks them (config validation, the device's precision, the data,
+# the model's build), so that a case two rules refuse is refused by the first.
+OFFLOAD = "offloading moves fsdp's shards to CPU memory"
 REFUSED = [
+    Rule({"cpu_offload": [True], "strategy": ["ddp"]}, ("train.cpu_offload=true",), OFFLOAD),
     Rule(
-        {"strategy": ["fsdp"], "amp": ["fp16"]},
-        ("train.amp=fp16", "train.strategy=fsdp"),
-        "fp16 under fsdp needs a sharded grad scaler; bf16 needs none",
+        {"sync_bn": [True], "strategy": ["fsdp"]},
+        ("train.sync_bn=true", "train.strategy=fsdp"),
+        "BatchNorm statistics are synchronised before validation anyway",
     ),
     Rule({"amp": ["fp16"]}, ("train.amp=fp16",), "fp16 needs a GPU; bf16 runs on CPU", ("cpu",)),
     Rule(
@@ -74,10 +85,28 @@ REFUSED = [
         ("train.channels_last",),
         "channels_last is a layout of image batches (N, C, H, W); other inputs have none",
     ),
+    Rule({"cpu_offload": [True]}, ("train.cpu_offload=true",), OFFLOAD, ("cpu",)),
+    Rule(
+        {"sync_bn": [True], "world": [2]},
+        ("train.sync_bn=true",),
+        "SyncBatchNorm runs on CUDA GPUs; one rank has nothing to synchronise",
+        ("cpu",),
+    ),
 ]
 
 # Cases the CPU cannot run (listed by the suite, run by scripts/gpu_check.py on CUDA).
-GPU_ONLY = {"amp": ["fp16"]}
+GPU_ONLY = {"amp": ["fp16"], "cpu_offload": [True]}
+
+
+def resume_refusal(case: dict) -> tuple[str, ...] | None:
+    """What the resume's one error line names when it refuses the case's resume_change (run.seed
+    fixes the data order the saved position points into; channels_last needs image inputs),
+    or None when the change applies from the resumed step."""
+    if case["resume_change"] == "seed":
+        return ("run.seed",)
+    if case["resume_change"] == "channels_last" and case["task"] not in IMAGE_TASKS:
+        return ("train.channels_last",)
+    return None
 
 
 def refusal(case: dict, device: str) -> Rule | None:
@@ -90,14 +119,32 @@ def _pairs(case: dict) -> set:
     return set(itertools.combinations(items, 2))
 
 
+def possible(case: dict, device: str, axes: dict = AXES) -> bool:
+    """Whether some case holding `case` (a part of one) trains on `device`: no rule refuses
+    it. Only the axes the rules name matter: a search over them, remembered."""
+    named = sorted({axis for rule in REFUSED for axis in rule.when})
+    fixed = tuple((axis, case[axis]) for axis in named if axis in case)
+    free = tuple((axis, tuple(axes[axis])) for axis in named if axis not in case)
+    return _possible(fixed, free, device)
+
+
+@functools.cache
+def _possible(fixed: tuple, free: tuple, device: str) -> bool:
+    for values in itertools.product(*(options for _, options in free)):
+        trial = {**dict(fixed), **dict(zip((axis for axis, _ in free), values, strict=True))}
+        if refusal(trial, device) is None:
+            return True
+    return False
+
+
 def covering_cases(axes: dict = AXES, device: str = "cpu") -> list[dict]:
-    """Cases that train, holding every pair of values that no rule refuses; then one case per
-    rule, holding its refused combination. Deterministic: the same list every time."""
+    """Cases that train, holding every pair of values that some case can train with; then one
+    case per rule, holding its refused combination. Deterministic: the same list every time."""
     names = list(axes)
     uncovered = set()
     for a, b in itertools.combinations(names, 2):
         for va, vb in itertools.product(axes[a], axes[b]):
-            if refusal({a: va, b: vb}, device) is None:
+            if possible({a: va, b: vb}, device, axes):
                 uncovered.add(tuple(sorted([(a, repr(va)), (b, repr(vb))])))
     uses = {(axis, repr(value)): 0 for axis in names for value in axes[axis]}
     cases: list[dict] = []
@@ -110,7 +157,7 @@ def covering_cases(axes: dict = AXES, device: str = "cpu") -> list[dict]:
             best, score = None, None
             for value in axes[axis]:
                 trial = {**case, axis: value}
-                if refusal(trial, device) is not None:
+                if not possible(trial, device, axes):
                     continue
                 gain = len(_pairs(trial) & uncovered) - len(_pairs(case) & uncovered)
                 cost = _cost(trial)
@@ -123,17 +170,23 @@ def covering_cases(axes: dict = AXES, device: str = "cpu") -> list[dict]:
         for axis, value in case.items():
             uses[(axis, repr(value))] += 1
         cases.append(case)
+    return cases + _refused_cases(cases, device)
+
+
+def _refused_cases(cases: list[dict], device: str) -> list[dict]:
+    """One case per rule that holds on `device`: a training case with the rule's combination
+    put in, preferably one that had none of it, and that no earlier rule refuses."""
+    refused = []
     for rule in REFUSED:
         if device not in rule.devices:
             continue
-        base = next(
-            (c for c in cases if all(c[axis] != values[0] for axis, values in rule.when.items())),
-            cases[0],
-        )
-        refused = {**base, **{axis: values[0] for axis, values in rule.when.items()}}
-        if refusal(refused, device) is rule:
-            cases.append(refused)
-    return cases
+        fresh = [c for c in cases if all(c[a] != values[0] for a, values in rule.when.items())]
+        for base in fresh + cases:
+            case = {**base, **{axis: values[0] for axis, values in rule.when.items()}}
+            if refusal(case, device) is rule:
+                refused.append(case)
+                break
+    return refused
 
 
 def _cost(case: dict) -> int:

@@ -11,6 +11,7 @@ A lint test keeps every collective inside distributed.py, where the check is.
 from __future__ import annotations
 
 import ast
+from copy import deepcopy
 from types import SimpleNamespace
 
 import pytest
@@ -34,14 +35,14 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def sharded():
-    """The default CNN, tiny, sharded under fsdp on one process (wrap() joins a one-rank gloo
+    """The default CNN, tiny, sharded under fsdp on one process (shard() joins a one-rank gloo
     group, as one process does); the group is left at the end."""
     torch.manual_seed(0)
     cfg = load_config(None, ["model.width=4", "model.depth=1"])
     net = build_model(cfg.model, torch.randn(2, 3, 8, 8), 4)
     try:
-        parallel.wrap(net, TrainConfig(strategy="fsdp"), CPU)
-        yield net
+        train = TrainConfig(strategy="fsdp")
+        yield parallel.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
     finally:
         distributed.teardown()
 

@@ -33,10 +33,22 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT
-from pairwise import AXES, REFUSED, case_id, covering_cases, refusal
+from pairwise import (
+    AXES,
+    IMAGE_TASKS,
+    REFUSED,
+    case_id,
+    covering_cases,
+    possible,
+    refusal,
+    resume_refusal,
+)
 from test_distributed import STANDALONE, child_env
 
-from {{ cookiecutter.package_name }} import trainer
+from {{ cookiecutter.package_name }} import checkpoint, trainer
+from {{ cookiecutter.package_name }}.config import flatten, load_config, to_dict
+from {{ cookiecutter.package_name }}.data import close_loader
+from {{ cookiecutter.package_name }}.distributed import DistInfo
 from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_main
 from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
@@ -113,6 +125,10 @@ def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]
         f"train.grad_accum_steps={case['accum']}",
         f"data.num_workers={case['workers']}",
         f"run.loggers=[{case['loggers'].replace('+', ',')}]",
+        f"train.activation_checkpointing={str(case['act_ckpt']).lower()}",
+        f"train.sync_bn={str(case['sync_bn']).lower()}",
+        f"train.cpu_offload={str(case['cpu_offload']).lower()}",
+        f"run.deterministic={str(case['deterministic']).lower()}",
     ]
     if case["early_stop"]:  # no epoch improves by 100: stops after the second epoch
         args += ["train.early_stop_patience=1", "train.early_stop_min_delta=100"]
@@ -123,6 +139,24 @@ def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]
     if case["start"] == "init":
         args.append("train.resume=auto")
     return args
+
+
+def config_of(args: list[str]):
+    """The Config that scripts/train.py makes of `args` ([--config FILE] key=value...)."""
+    if args[:1] == ["--config"]:
+        return load_config(args[1], args[2:])
+    return load_config(None, args)
+
+
+def changed_setting(case: dict, args: list[str]) -> str:
+    """The override the resume adds: the case's resume_change (tests/pairwise.py)."""
+    cfg = config_of(args)
+    return {
+        "lr": f"train.lr={cfg.train.lr / 2}",
+        "amp": f"train.amp={ {'off': 'bf16', 'bf16': 'off', 'fp16': 'bf16'}[case['amp']] }",
+        "channels_last": f"train.channels_last={str(not case['channels_last']).lower()}",
+        "seed": f"run.seed={cfg.run.seed + 1}",
+    }[case["resume_change"]]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -258,18 +292,69 @@ def evaluated(checkpoint: Path, sharded: bool) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
+def run_folder(path: Path) -> dict:
+    """Every file's bytes, but the lock's (which names the process that last held it)."""
+    return {p: p.read_bytes() for p in path.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+def assert_refused(code: int, text: str, keys: tuple, ranks: int, rerun: str) -> None:
+    """Exit 2 (torchrun: every rank exited 2), one `error:` line naming `keys`, no traceback."""
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    exited = code == 2 if ranks == 1 else code != 0 and text.count("exitcode  : 2") == ranks
+    assert exited and len(errors) == 1, f"{rerun}\nexpected a refusal:\n{text[-3000:]}"
+    assert all(key in errors[0] for key in keys), f"{rerun}\n{errors[0]}"
+    assert_no_traceback(text, rerun)
+
+
+def assert_applied(change: str, first: str, second: str, saved: dict, rerun: str) -> None:
+    """The resume lists the changed setting and, unless the run had nothing left to do, uses
+    it (the run's line shows lr and amp) and its checkpoints record it."""
+    key, value = change.split("=", 1)
+    changed = re.search(r"settings changed since step \d+: (.*)", second)
+    assert changed and f"{key} " in changed.group(1), f"{rerun}\nchange not listed:\n{second}"
+    if "is complete; nothing to do" in second:
+        return
+    if key == "train.amp":
+        assert f"| amp {value} |" in second, f"{rerun}\namp not applied:\n{second}"
+    if key == "train.lr":
+        lr = r"\| lr ([\d.e+-]+) \|"
+        lrs = [float(re.search(lr, text).group(1)) for text in (first, second)]
+        assert lrs[1] == pytest.approx(lrs[0] / 2, rel=0.01), f"{rerun}\nlr not applied: {lrs}"
+    want = flatten(to_dict(config_of([key + "=" + value])))[key]
+    assert flatten(saved["config"])[key] == want, f"{rerun}\n{key} not recorded"
+
+
+def batch_norm_counts(model: dict) -> set[int]:
+    return {int(v) for k, v in model.items() if k.endswith("num_batches_tracked")}
+
+
+def assert_batch_norm_counted_each_batch_once(args: list, ranks: int, saved, model, start, rerun):
+    """Every BatchNorm's num_batches_tracked is the number of training batches rank 0 took
+    (after `start`, init_from's count): a recomputation (train.activation_checkpointing) must
+    not count them twice."""
+    cfg = config_of(args)
+    data = trainer.build_loaders(cfg, DistInfo(world_size=ranks), torch.device("cpu"))
+    batches = len(data.train_loader)  # whole batches only (drop_last): samples / batch_size
+    close_loader(data.train_loader), close_loader(data.val_loader)
+    progress = saved["progress"]
+    per_batch = cfg.train.batch_size * ranks
+    want = start + progress["epoch"] * batches + progress["epoch_samples"] // per_batch
+    counts = batch_norm_counts(model)
+    assert counts == {want}, f"{rerun}\n{counts} vs {want} batches"
+
+
 def assert_close(got: float, want: float, what: str) -> None:
     assert abs(got - want) <= 1e-3 * max(1.0, abs(want)), f"{what}: evaluate {got} vs {want}"
 
 
 def test_the_suite_covers_every_pair_and_every_refusal():
-    """The generated cases hold every pair of values that no rule refuses, and one case per
-    rule that refuses it (the generator itself, checked independently of it)."""
+    """The generated cases hold every pair of values that some case can train with, and one
+    case per rule that refuses it (the generator itself, checked independently of it)."""
     for a in AXES:
         for b in AXES:
             for va in AXES[a]:
                 for vb in AXES[b]:
-                    if a >= b or refusal({a: va, b: vb}, DEVICE):
+                    if a >= b or not possible({a: va, b: vb}, DEVICE):
                         continue
                     assert any(
                         c[a] == va and c[b] == vb and not refusal(c, DEVICE) for c in CASES
@@ -302,10 +387,7 @@ def test_combination(case, data, bases, tmp_path):
     rule = refusal(case, DEVICE)
     if rule is not None:
         code, text = run(args)
-        errors = [line for line in text.splitlines() if line.startswith("error:")]
-        assert code == 2 and len(errors) == 1, f"{rerun}\nexpected a refusal:\n{text[-3000:]}"
-        assert all(key in errors[0] for key in rule.keys), f"{rerun}\n{errors[0]}"
-        assert_no_traceback(text, rerun)
+        assert_refused(code, text, rule.keys, ranks, rerun)
         assert not (out / name).exists(), f"{rerun}\na refused run wrote {out / name}"
         return
 
@@ -333,6 +415,16 @@ def test_combination(case, data, bases, tmp_path):
     max_steps += max_steps % steps == 0  # mid-epoch, whatever the epoch
     if case["max_steps"] == "mid-epoch":
         resume.append(f"train.max_steps={max_steps}")
+    # 2a. With one setting changed: refused in one line, leaving the run as it was, or applied.
+    change = changed_setting(case, args)
+    keys = resume_refusal(case)
+    if keys:
+        files = run_folder(out / name)
+        code, text = run([*args, *resume, change])
+        assert_refused(code, text, keys, ranks, f"{rerun} {shlex.join([*resume, change])}")
+        assert run_folder(out / name) == files, f"{rerun} {change}\nthe run folder changed"
+    else:
+        resume.append(change)
     code, second = run([*args, *resume])
     rerun += f" {shlex.join(resume)}"
     assert_no_traceback(second, rerun)
@@ -340,6 +432,10 @@ def test_combination(case, data, bases, tmp_path):
     # A stop that landed on the epoch where early stopping ends the run leaves nothing to do.
     done = case["early_stop"] and "stopped early" in second and "is complete" in second
     assert done or re.search(r"resumed at step [1-9]", second), f"{rerun}\nnot resumed:\n{second}"
+
+    saved = checkpoint.load(out / name / "last.pt")
+    if not keys:
+        assert_applied(change, first, second, saved, rerun)
 
     # 3. What the run recorded is what its checkpoints hold.
     row = recorded(out, name)
@@ -349,6 +445,14 @@ def test_combination(case, data, bases, tmp_path):
     best = evaluated(out / name / "best.pt", sharded)
     assert_close(best[metric], float(row[best_key]), f"{rerun}\nbest.pt's {metric}")
     last = evaluated(out / name / "last.pt", sharded)
+    if case["task"] in IMAGE_TASKS:  # the CNN's BatchNorms
+        model = (checkpoint.load(out / name / "last.full.pt") if sharded else saved)["model"]
+        start = 0
+        if case["start"] in ("init", "init-fresh"):  # init_from copies the counts too
+            (start,) = batch_norm_counts(checkpoint.load(bases[case["task"]])["model"])
+        assert_batch_norm_counted_each_batch_once(
+            [*args, *resume], ranks, saved, model, start, rerun
+        )
     for key in ("loss", metric):  # the summary's final metrics are the last model's
         assert_close(last[key], float(row[f"val_{key}"]), f"{rerun}\nlast.pt's {key}")
     if case["max_steps"] == "mid-epoch" and not case["early_stop"]:
@@ -365,5 +469,5 @@ def test_combination(case, data, bases, tmp_path):
             acc = float(re.search(r"accuracy ([\d.]+)", text).group(1))
             # The validation split gives evaluate's accuracy (which, like training's
             # validation, runs under train.amp: predict computes in fp32).
-            if "--split" in tool_args and case["amp"] == "off":
+            if "--split" in tool_args and saved["config"]["train"]["amp"] == "off":
                 assert_close(acc, best["acc"], f"{rerun}\npredict's accuracy")

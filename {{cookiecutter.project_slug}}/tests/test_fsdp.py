@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from copy import deepcopy
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +24,7 @@ from conftest import ROOT, TINY, run_script, stop_after, tiny_with
 from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
-from {{ cookiecutter.package_name }} import checkpoint, distributed, parallel
+from {{ cookiecutter.package_name }} import checkpoint, distributed, models, parallel
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
@@ -60,6 +61,7 @@ TOLERANCE = 1e-5
 # state and the final metrics; with SLOW_STEPS each step takes that long and rank 1 writes
 # the steps it finished to rank1.step.
 DUMP = """\
+import copy
 import json
 import os
 import sys
@@ -115,6 +117,105 @@ raise SystemExit(train_main(sys.argv[2:]))
 """
 
 
+# Each rank's peak resident memory (ru_maxrss) before and after the trainer builds and
+# shards the model, and the line the trainer prints about it; then it leaves.
+START_UP = """\
+import json
+import resource
+import sys
+from pathlib import Path
+
+import torch._dynamo  # what build_trainee imports on its way (~75 MB): not the model's
+import torch.distributed.checkpoint.state_dict
+import torch.distributed.fsdp
+
+from {{ cookiecutter.package_name }} import distributed, trainer
+from {{ cookiecutter.package_name }}.config import load_config
+
+out, cfg = Path(sys.argv[1]), load_config(None, sys.argv[2:])
+dist, device = distributed.setup(cfg.run.device)
+try:
+    trainer.prepare_process(cfg, dist, device)
+    data = trainer.build_loaders(cfg, dist, device)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    trainee = trainer.build_trainee(cfg, data, dist, device, None)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peaks = {"before": before, "after": after}
+    (out / f"rank{dist.rank}.json").write_text(json.dumps(peaks))
+finally:
+    distributed.teardown()
+"""
+
+
+# loop.train_step under fsdp on each rank with a GradScaler (fp16's; fp16 autocast itself
+# needs a GPU): once without an overflow, against the same step unscaled, and once with an
+# inf put into rank 1's shard of one gradient before the scaler unscales.
+SCALER = """\
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch.nn import functional as F
+
+from {{ cookiecutter.package_name }} import distributed, loop, parallel
+from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
+from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.optim import build_optimizer
+
+out = Path(sys.argv[1])
+rank = distributed.setup("cpu")[0].rank
+CPU, INF_ON_RANK = torch.device("cpu"), 1
+
+
+def step(scale, inject):
+    model_cfg = load_config(None, ["model.name=mlp", "model.width=8", "model.dropout=0"]).model
+    torch.manual_seed(0)
+    build = lambda: build_model(model_cfg, torch.zeros(2, 3, 8, 8), 4)
+    net = parallel.shard(build, build, TrainConfig(strategy="fsdp"), CPU)
+    optimizer = build_optimizer(net, TrainConfig(), 1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+    unscale = scaler.unscale_
+    if inject:
+        def unscale_with_inf(opt):
+            if rank == INF_ON_RANK:
+                next(net.parameters()).grad.to_local().view(-1)[0] = float("inf")
+            return unscale(opt)
+        scaler.unscale_ = unscale_with_inf
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    trainee = loop.Trainee(net, optimizer, schedule, scaler, 1e-2, ddp=net, net=net)
+    run = SimpleNamespace(
+        cfg=SimpleNamespace(train=TrainConfig(grad_clip=0.01)),  # clipping bites
+        trainee=trainee,
+        device=CPU,
+        data=SimpleNamespace(task=SimpleNamespace(loss=F.cross_entropy)),
+    )
+    data = torch.Generator().manual_seed(rank)  # each rank its own batches
+    batches = iter([(torch.randn(4, 3, 8, 8, generator=data), torch.arange(4)) for _ in range(2)])
+    before = [p.full_tensor().clone() for p in net.parameters()]
+    _, norm = loop.train_step(run, batches, 2, list(net.parameters()))  # 2 micro-steps
+    after = [p.full_tensor() for p in net.parameters()]
+    return before, after, float(norm), scaler.get_scale() if scale else None
+
+
+try:
+    _, plain, plain_norm, _ = step(None, False)
+    _, scaled, scaled_norm, _ = step(2.0**16, False)
+    before, after, inf_norm, scale = step(2.0**16, True)
+    result = {
+        "same_step": all(map(torch.equal, plain, scaled)),
+        "norms": [plain_norm, scaled_norm],
+        "skipped": all(map(torch.equal, before, after)),
+        "scale": scale,
+        "inf_norm": repr(inf_norm),
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+finally:
+    distributed.teardown()
+"""
+
+
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("helper") / "dump_fsdp.py"
@@ -136,6 +237,10 @@ def fsdp_run(tmp_path_factory, dump) -> dict:
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, dump) -> dict:
     return launch(tmp_path_factory.mktemp("ddp"), dump, DDP)
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def full_model(run_dir: Path, name: str = "last.pt") -> dict:
@@ -166,6 +271,68 @@ def test_each_rank_holds_about_half_the_parameter_and_optimizer_bytes_of_ddp(fsd
     # Together the shards are the model once: nothing is held twice.
     sharded = sum(rank["params"] for rank in fsdp_run["ranks"])
     assert sharded == ddp_run["ranks"][0]["params"]
+
+
+@slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB: Linux")
+def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path):
+    """A 250 MB model on 2 ranks: rank 0 builds it in host memory, rank 1 only receives its
+    half, one tensor (17 MB) at a time. The peak resident memory (ru_maxrss: robust to what
+    the allocator keeps or returns) that building and sharding adds on rank 1 stays well
+    under the model's size, which it exceeded when every rank built the model."""
+    args = [*TINY, "model.name=mlp", "model.width=2048", "model.depth=16"]
+    args += ["train.strategy=fsdp", f"run.output_dir={tmp_path / 'runs'}"]
+    script = tmp_path / "start_up.py"
+    script.write_text(START_UP)
+    proc = torchrun(STANDALONE, script, tmp_path, *args)
+    with torch.device("meta"):
+        net = build_model(load_config(None, args).model, torch.zeros(2, 3, 8, 8), 4)
+    size = nbytes(net.parameters())
+    peaks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    grown = [rank["after"] - rank["before"] for rank in peaks]
+    print(f"model {size / 2**20:.0f} MB; peak grew by {[f'{g / 2**20:.0f} MB' for g in grown]}")
+    assert grown[1] < 0.75 * size, (grown, size)
+    assert grown[0] < 2 * size, (grown, size)  # the full model in host memory, and its half
+    assert "start-up peak memory per rank (building and sharding the model): rank 0 " in (
+        proc.stdout
+    )
+
+
+@slow
+def test_under_fsdp_the_grad_scaler_skips_an_overflowed_step_on_every_rank(tmp_path):
+    """train.amp=fp16 under fsdp: DTensor reduces the scaler's found_inf over the ranks, so
+    an inf in one rank's gradient shard skips the step on both and lowers the scale alike;
+    and without one, the scaled step equals the unscaled one bit for bit (unscale before
+    the clip: clipping fp16-scaled gradients would clip 65536x harder)."""
+    script = tmp_path / "scaler.py"
+    script.write_text(SCALER)
+    torchrun(STANDALONE, script, tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for rank in ranks:
+        assert rank["same_step"] and rank["norms"][0] == rank["norms"][1] > 0.01, rank
+        assert rank["skipped"] and rank["scale"] == 2.0**15, rank
+        assert rank["inf_norm"] in ("inf", "nan"), rank
+    assert ranks[0]["norms"] == ranks[1]["norms"]  # the global norm, on every rank
+
+
+@slow
+def test_under_fsdp_a_bad_init_from_on_rank_0_stops_every_rank_with_one_line(tmp_path):
+    """Only rank 0 reads train.init_from: its error reaches the other rank, which exits as it
+    does (2) instead of waiting for weights that never come."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, "scripts/train.py"]
+    args = [*TINY, "train.strategy=fsdp", f"train.init_from={tmp_path / 'none.pt'}"]
+    proc = subprocess.run(
+        [*cmd, *args, f"run.output_dir={tmp_path / 'runs'}"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "none.pt' not found" in errors[0], proc.stderr[-3000:]
+    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]  # both ranks
+    assert not (tmp_path / "runs").exists()
 
 
 @slow
@@ -339,7 +506,6 @@ def test_a_full_ddp_checkpoint_does_not_resume_under_fsdp(tiny):
     "overrides, message",
     [
         (["train.sync_bn=true"], "train.sync_bn=true is not supported with train.strategy=fsdp"),
-        (["train.amp=fp16"], "train.amp=fp16 is not supported with train.strategy=fsdp"),
         (["train.strategy=ddp", "train.cpu_offload=true"], "needs train.strategy=fsdp"),
     ],
 )
@@ -360,18 +526,23 @@ def model(name: str, depth: int) -> nn.Module:
     return build_model(cfg.model, torch.randn(2, 3, 8, 8), 4)
 
 
+def sharded(net: nn.Module, train: TrainConfig) -> nn.Module:
+    """`net`'s model sharded on one process (a one-rank group), from `net`'s weights."""
+    return parallel.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
+
+
 def test_blocks_are_the_repeated_children_of_containers_outermost_first():
     cnn = model("cnn", 3)
-    assert parallel.blocks(cnn) == list(cnn.features)  # ConvBlocks, not the convs inside
+    assert models.blocks(cnn) == list(cnn.features)  # ConvBlocks, not the convs inside
     mlp = model("mlp", 3)
-    assert parallel.blocks(mlp) == [mlp.body[0], mlp.body[2], mlp.body[4]]  # Linear, not GELU
-    assert parallel.blocks(model("mlp", 1)) == []  # nothing repeats: the root alone
+    assert models.blocks(mlp) == [mlp.body[0], mlp.body[2], mlp.body[4]]  # Linear, not GELU
+    assert models.blocks(model("mlp", 1)) == []  # nothing repeats: the root alone
 
 
 def test_a_model_can_name_its_blocks():
     net = model("mlp", 2)
     net.fsdp_blocks = lambda: [net.head]
-    assert parallel.blocks(net) == [net.head]
+    assert models.blocks(net) == [net.head]
 
 
 def saved_for_backward(activation_checkpointing: bool) -> tuple[int, list[torch.Tensor]]:
@@ -379,8 +550,8 @@ def saved_for_backward(activation_checkpointing: bool) -> tuple[int, list[torch.
     the gradients."""
     torch.manual_seed(0)
     net = model("cnn", 2)
-    train = TrainConfig(activation_checkpointing=activation_checkpointing)
-    parallel.wrap(net, train, torch.device("cpu"))
+    if activation_checkpointing:
+        models.checkpoint_blocks(net)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         loss = net(torch.ones(4, 3, 8, 8)).sum()
@@ -395,17 +566,80 @@ def test_activation_checkpointing_keeps_fewer_activations_for_the_same_gradients
     assert all(map(torch.equal, grads, grads_checkpointed))
 
 
+def trained(
+    activation_checkpointing: bool, steps: int = 3, compiled: bool = False
+) -> tuple[dict, list[torch.Tensor]]:
+    """The CNN's weights and buffers after `steps` SGD steps, and the last step's gradients."""
+    torch.manual_seed(0)
+    net = model("cnn", 2)
+    if activation_checkpointing:
+        models.checkpoint_blocks(net)
+    forward = torch.compile(net) if compiled else net
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    batches = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        forward(torch.randn(4, 3, 8, 8, generator=batches)).sum().backward()
+        grads = [p.grad.clone() for p in net.parameters()]
+        optimizer.step()
+    return net.state_dict(), grads
+
+
+def test_activation_checkpointing_updates_batch_norm_statistics_once_per_step():
+    """The recomputation in backward reruns BatchNorm in training mode (pytorch#96136): the
+    statistics must still be those of a run without it, num_batches_tracked one per step."""
+    plain, plain_grads = trained(False)
+    checkpointed, grads = trained(True)
+    counts = {k: int(v) for k, v in checkpointed.items() if k.endswith("num_batches_tracked")}
+    assert len(counts) == 4 and set(counts.values()) == {3}, counts  # two BatchNorms a block
+    assert plain.keys() == checkpointed.keys()
+    assert all(torch.equal(plain[key], checkpointed[key]) for key in plain)  # running_mean/var
+    assert all(map(torch.equal, plain_grads, grads))
+
+
 @pytest.mark.slow
-def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
+def test_activation_checkpointing_compiles_and_counts_batch_norm_batches_once():
+    """Compiled, the checkpointed block is one traced region (the composable checkpoint's
+    hooks failed here: a compiled forward, an eager recomputation, other saved tensors)."""
+    torch._dynamo.reset()
+    plain, plain_grads = trained(False, compiled=True)
+    torch._dynamo.reset()
+    checkpointed, grads = trained(True, compiled=True)
+    counts = {k: int(v) for k, v in checkpointed.items() if k.endswith("num_batches_tracked")}
+    assert set(counts.values()) == {3}, counts
+    assert all(torch.allclose(plain[k], checkpointed[k]) for k in plain)  # running_mean/var
+    assert all(map(torch.allclose, plain_grads, grads))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_mixed_precision_under_fsdp_computes_in_it_and_keeps_fp32_weights_and_gradients(
+    amp, dtype
+):
+    """fp16 as bf16 (its GradScaler: test_under_fsdp_the_grad_scaler_skips_...); fp16
+    autocast itself needs a GPU."""
     net = model("mlp", 2)
-    seen = []
+    seen = []  # the hook goes with the model into its sharded copy, before FSDP's own
     net.body[2].register_forward_hook(lambda module, *_: seen.append(module.weight.dtype))
-    try:  # one process: wrap() joins a one-rank group
-        parallel.wrap(net, TrainConfig(strategy="fsdp", amp="bf16"), torch.device("cpu"))
+    try:  # one process: shard() joins a one-rank group
+        net = sharded(net, load_config(None, ["train.strategy=fsdp", f"train.amp={amp}"]).train)
         net(torch.randn(4, 3, 8, 8)).float().sum().backward()
-        assert parallel.is_sharded(net) and seen == [torch.bfloat16]
+        assert parallel.is_sharded(net) and seen == [dtype]
         assert {p.dtype for p in net.parameters()} == {p.grad.dtype for p in net.parameters()}
         assert {p.dtype for p in net.parameters()} == {torch.float32}
+    finally:
+        distributed.teardown()
+
+
+@pytest.mark.slow
+def test_a_sharded_model_gets_the_full_model_s_weights_and_its_unsaved_buffers():
+    net = model("cnn", 2)
+    net.register_buffer("table", torch.randn(3), persistent=False)  # not in the state dict
+    try:
+        shards = sharded(net, TrainConfig(strategy="fsdp"))
+        got = {k: v.full_tensor() for k, v in shards.state_dict().items() if k.endswith("weight")}
+        assert all(torch.equal(v, net.state_dict()[k]) for k, v in got.items()) and got
+        assert torch.equal(shards.table, net.table)
     finally:
         distributed.teardown()
 
@@ -454,8 +688,8 @@ def cnn_sharded_beside_its_copy(channels_last: bool, amp: str = "off"):
     net.to(memory_format=memory_format)
     copy = model("cnn", 2).to(memory_format=memory_format)
     copy.load_state_dict(net.state_dict())
-    parallel.wrap(net, TrainConfig(strategy="fsdp", amp=amp, channels_last=channels_last), CPU)
-    return net, copy
+    train = TrainConfig(strategy="fsdp", amp=amp, channels_last=channels_last)
+    return sharded(net, train), copy
 
 
 @pytest.mark.slow

@@ -66,7 +66,7 @@ def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
     """Make the process group for `device`: NCCL on CUDA (serving CUDA tensors only), gloo on
     the CPU. `cpu_collectives` adds gloo for CPU tensors beside NCCL: under train.cpu_offload
     the sharded gradients live on the CPU and gradient clipping all-reduces their norm there.
-    `alone`: store, rank and world_size of a group without torchrun (parallel.wrap)."""
+    `alone`: store, rank and world_size of a group without torchrun (parallel.shard)."""
     global _serves
     if device.type == "cuda" and gloo_on_cuda():
         torch.cuda.set_device(device)

@@ -1,13 +1,13 @@
 """How the ranks share the model: train.strategy=ddp (a full copy per rank, trainer.py wraps
 it in DistributedDataParallel) or fsdp (FSDP2, torch.distributed.fsdp.fully_shard: each rank
 holds 1/world_size of the parameters, gradients and optimizer state, and gathers a block's
-parameters only while that block computes). Start at wrap().
+parameters only while that block computes). Start at shard().
 
-The trainer calls, in order: wrap() before building the optimizer, even_batches() on the
-validation loader, memory_report() once, no_sync() and clip_grad_norm_() in each step. Sharded
-checkpoints (save, restore, consolidate) are checkpoint/sharded.py's.
+The trainer calls, in order: shard() under fsdp (replica() under ddp) before building the
+optimizer, even_batches() on the validation loader, memory_report() once, no_sync() and
+clip_grad_norm_() in each step. Sharded checkpoints are checkpoint/sharded.py's.
 
-FSDP, DTensor and activation checkpointing are imported inside the functions that use them:
+FSDP and DTensor are imported inside the functions that use them:
 at the top of this file they cost every run about a second of start-up, fsdp or not.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -25,14 +24,13 @@ from torch.nn.parallel import DistributedDataParallel
 from . import distributed
 from .config import TrainConfig
 from .data import empty_batch
-from .errors import ConfigError
-from .utils.device import check_torch
+from .errors import ConfigError, UserError
+from .models import blocks, checkpoint_blocks
+from .utils.device import AMP_DTYPES, check_torch, peak_memory
 
 
-def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Module:
-    """`model`, changed in place: each block's activations recomputed in backward (when
-    train.activation_checkpointing) and, under fsdp, each block sharded, then the root (which
-    holds what no block does). Build the optimizer afterwards, over the sharded parameters."""
+def check_device(train: TrainConfig, device: torch.device) -> None:
+    """Refuse, before the model is built, what train.strategy cannot do on this device."""
     if train.strategy == "fsdp" and device.type not in ("cuda", "cpu"):
         raise ConfigError(
             f"train.strategy=fsdp runs on CUDA GPUs or the CPU, not {device.type}; use "
@@ -44,49 +42,101 @@ def wrap(model: nn.Module, train: TrainConfig, device: torch.device) -> nn.Modul
             "already); set train.cpu_offload=false"
         )
     check_torch(train.strategy, device)
-    found = blocks(model)
-    if train.activation_checkpointing:
-        from torch.distributed._composable import checkpoint as checkpoint_activations
 
-        for block in found:
-            checkpoint_activations(block)  # composable: parameter names stay as they were
-    if train.strategy != "fsdp":
-        return model
+
+def replica(model: nn.Module, train: TrainConfig, device: torch.device, ranks: int) -> nn.Module:
+    """ddp: the full model as each rank holds it, on `device`: SyncBatchNorm across the ranks,
+    channels_last weights and activation checkpointing when asked."""
+    if train.sync_bn and ranks > 1:
+        if device.type != "cuda":  # DDP refuses SyncBatchNorm on CPU modules
+            raise ConfigError("train.sync_bn=true needs CUDA GPUs; set train.sync_bn=false")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    memory_format = torch.channels_last if train.channels_last else torch.preserve_format
+    model = model.to(device, memory_format=memory_format)
+    return checkpoint_blocks(model) if train.activation_checkpointing else model
+
+
+def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Module:
+    """The model sharded under fsdp: each block, then the root (which holds what no block
+    does), activations checkpointed when asked; rank 0 prints start_up_report(). Build the
+    optimizer afterwards, over the shards.
+
+    `build()` makes the model; it runs on the meta device, so no rank ever holds the whole
+    model on `device`. `build_full()` makes it with its weights, in host memory, on rank 0
+    only: each rank receives its shards of that, one tensor at a time, so that fsdp starts
+    from the weights ddp does (rank 0's seeded init, or train.init_from's)."""
+    from torch.distributed import fsdp
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import (
-        CPUOffloadPolicy,
-        MixedPrecisionPolicy,
-        OffloadPolicy,
-        fully_shard,
-    )
 
+    check_device(train, device)
     if not dist.is_initialized():
         # One process without torchrun: a one-rank group, so that fsdp trains, saves and
         # resumes the same way on one process as on many (and reads their checkpoints).
         distributed.join_alone(device, cpu_collectives=train.cpu_offload)
-    # Each rank seeded its own streams (run.seed + rank): start from rank 0's weights, as
-    # DistributedDataParallel does, before each rank keeps its part.
-    with torch.no_grad():
-        distributed.broadcast([*model.parameters(), *model.buffers()])
-    # FSDP shards contiguous parameters only: channels_last weights go back to the default
-    # layout. The inputs stay channels_last (loop.py), and a convolution given channels_last
-    # input computes and returns channels_last (cuDNN and oneDNN alike) whatever its weights'.
-    if train.channels_last:
-        model.to(memory_format=torch.contiguous_format)
+    before = peak_memory(device)
+    full = _on_rank_0(build_full)
+    with torch.device("meta"):
+        model = build().to(memory_format=torch.contiguous_format)  # what FSDP shards: see below
+    if train.activation_checkpointing:
+        checkpoint_blocks(model)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    # bf16 compute with fp32 gradient reduction and fp32 sharded weights for the optimizer.
-    param_dtype = torch.bfloat16 if train.amp == "bf16" else None
+    # Compute in train.amp's dtype, reduce gradients in fp32, keep fp32 shards for the optimizer.
+    param_dtype = AMP_DTYPES.get(train.amp)
     options = dict(
         mesh=mesh,
-        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
-        offload_policy=CPUOffloadPolicy() if train.cpu_offload else OffloadPolicy(),
+        mp_policy=fsdp.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
+        offload_policy=fsdp.CPUOffloadPolicy() if train.cpu_offload else fsdp.OffloadPolicy(),
     )
     if param_dtype is not None:
         _shard_batch_norms(model, options)
-    for block in found:
-        fully_shard(block, **options)
-    fully_shard(model, **options)
+    for block in blocks(model):
+        fsdp.fully_shard(block, **options)
+    fsdp.fully_shard(model, **options)
+    _materialise(model, full, device, train.cpu_offload)
+    report = start_up_report(before, device)  # what no rank may exceed to start
+    if dist.get_rank() == 0:
+        print(report)
     return model
+
+
+def _on_rank_0(make):
+    """make() on rank 0, None on the others; its error (a model that cannot run on the data, a
+    bad init_from) stops every rank with that one line, as when every rank made it."""
+    made, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            made = make()
+        except UserError as exc:
+            error = exc
+    error = distributed.broadcast_object(error)
+    if error is not None:
+        raise error
+    return made
+
+
+def _materialise(model: nn.Module, full: nn.Module | None, device, offload: bool) -> None:
+    """Allocate the meta model's shards and buffers, and fill them from rank 0's `full`. FSDP
+    shards contiguous parameters only: channels_last weights are copied into the default
+    layout. The inputs stay channels_last (loop.py), and a convolution given channels_last
+    input computes and returns channels_last (cuDNN and oneDNN alike) whatever its weights'."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    # Offloaded shards live in CPU memory (FSDP checks it); buffers join the GPU afterwards.
+    model.to_empty(device="cpu" if offload else device)
+    state = full.state_dict() if full is not None else {}
+    every = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, state, options=every)
+    with torch.no_grad():  # buffers outside the state dict (persistent=False) too
+        for prefix, module in model.named_modules():
+            for name in module._non_persistent_buffers_set:
+                buffer = module.get_buffer(name)
+                if full is not None:
+                    buffer.copy_(full.get_submodule(prefix).get_buffer(name))
+                distributed.broadcast([buffer])
+    if offload:
+        for module in model.modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = buffer.to(device)
 
 
 def _shard_batch_norms(model: nn.Module, options: dict) -> None:
@@ -102,31 +152,6 @@ def _shard_batch_norms(model: nn.Module, options: dict) -> None:
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             fully_shard(module, **{**options, "mp_policy": fp32})
-
-
-def blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks, the unit of sharding and of activation checkpointing.
-
-    A model may name them with a method `fsdp_blocks()`. Otherwise they are the children of an
-    nn.Sequential or nn.ModuleList that repeat one class and hold parameters (SmallCNN's
-    ConvBlocks, the MLP's Linear layers), outermost first: a block's insides are not searched.
-    """
-    declared = getattr(model, "fsdp_blocks", None)
-    if callable(declared):
-        return list(declared())
-    found: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> None:
-        children = [c for c in module.children() if next(c.parameters(), None) is not None]
-        if isinstance(module, (nn.Sequential, nn.ModuleList)):
-            counts = Counter(type(child) for child in children)
-            found.extend(child for child in children if counts[type(child)] > 1)
-            children = [child for child in children if counts[type(child)] == 1]
-        for child in children:
-            visit(child)
-
-    visit(model)
-    return found
 
 
 def even_batches(loader, model: nn.Module, device: torch.device):
@@ -180,6 +205,17 @@ def _is_dtensor(tensor: torch.Tensor) -> bool:
     # As is_sharded(): a DTensor exists only once torch.distributed.tensor was imported.
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and isinstance(tensor, dtensor.DTensor)
+
+
+def start_up_report(before: dict[str, float], device: torch.device) -> str:
+    """A collective: what building and sharding the model raised each rank's peaks by, from
+    `before` (utils.device.peak_memory() before the build), as one line for rank 0 to print."""
+    grown = {key: value - before.get(key, 0.0) for key, value in peak_memory(device).items()}
+    parts = [
+        f"rank {rank} " + ", ".join(f"{key} +{value:.0f} MB" for key, value in peaks.items())
+        for rank, peaks in enumerate(distributed.all_gather_object(grown))
+    ]
+    return f"start-up peak memory per rank (building and sharding the model): {'; '.join(parts)}"
 
 
 def no_sync(net: nn.Module, skip: bool):

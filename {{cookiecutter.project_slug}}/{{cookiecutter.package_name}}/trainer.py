@@ -12,6 +12,7 @@ README.md for the launch commands.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -179,22 +180,24 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
 def build_net(
     cfg: Config, example, task, device: torch.device, dist: DistInfo, resumed_from: str | None
 ) -> nn.Module:
-    """The model of cfg.model for this data and task, on `device`: fine-tuning weights loaded
-    unless the run resumes from `resumed_from`, BatchNorm synchronised across GPUs when asked."""
-    model = build_model(cfg.model, example, task.num_outputs)
-    if cfg.train.init_from and resumed_from:
-        if dist.is_main:  # the run's own checkpoint holds the weights to continue
-            print(f"train.init_from is not used: the run resumes from {resumed_from}")
-    elif cfg.train.init_from:
-        skipped = checkpoint.init_from(model, cfg.train.init_from)
-        if dist.is_main:
-            print(f"init_from {cfg.train.init_from}: new (not loaded): {skipped or 'none'}")
-    if cfg.train.sync_bn and dist.world_size > 1:
-        if device.type != "cuda":  # DDP refuses SyncBatchNorm on CPU modules
-            raise ConfigError("train.sync_bn=true needs CUDA GPUs; set train.sync_bn=false")
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    memory_format = torch.channels_last if cfg.train.channels_last else torch.preserve_format
-    return model.to(device, memory_format=memory_format)
+    """The model of cfg.model for this data and task, on `device` as train.strategy holds it
+    (parallel.py), with fine-tuning weights unless the run resumes from `resumed_from`."""
+
+    def full() -> nn.Module:  # on the CPU, tried on `example`
+        model = build_model(cfg.model, example, task.num_outputs)
+        if cfg.train.init_from and resumed_from:
+            if dist.is_main:  # the run's own checkpoint holds the weights to continue
+                print(f"train.init_from is not used: the run resumes from {resumed_from}")
+        elif cfg.train.init_from:
+            skipped = checkpoint.init_from(model, cfg.train.init_from)
+            if dist.is_main:
+                print(f"init_from {cfg.train.init_from}: new (not loaded): {skipped or 'none'}")
+        return model
+
+    if cfg.train.strategy == "fsdp":  # rank 0 builds it in host memory; each rank its shards
+        shape = functools.partial(build_model, cfg.model, example.to("meta"), task.num_outputs)
+        return parallel.shard(shape, full, cfg.train, device)
+    return parallel.replica(full(), cfg.train, device, dist.world_size)
 
 
 def build_trainee(
@@ -203,7 +206,6 @@ def build_trainee(
     """The model on its device (sharded under fsdp; init_from's weights loaded before), AdamW,
     the warm-up + cosine schedule (optim.py) and the fp16 loss scaler."""
     model = build_net(cfg, data.example, data.task, device, dist, resumed_from)
-    model = parallel.wrap(model, cfg.train, device)  # fsdp: sharded before the optimizer sees it
     data.val_loader = parallel.even_batches(data.val_loader, model, device)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)
     optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))

@@ -109,13 +109,6 @@ def _strategy_conflict(train: TrainConfig) -> str | None:
             "train.sync_bn=true is not supported with train.strategy=fsdp; use train.sync_bn="
             "false (BatchNorm statistics are synchronised before validation), or ddp"
         )
-    if train.amp == "fp16":
-        # fp16 needs loss scaling of sharded gradients (a ShardedGradScaler); bf16 has fp32's
-        # range and needs none.
-        return (
-            "train.amp=fp16 is not supported with train.strategy=fsdp; use train.amp=bf16 "
-            "(no loss scaling needed), or train.strategy=ddp"
-        )
     return None
 
 

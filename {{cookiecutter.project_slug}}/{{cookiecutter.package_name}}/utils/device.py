@@ -216,6 +216,15 @@ def sums_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """This process's peaks so far, in MB: resident host memory and, on CUDA, GPU memory
+    allocated (without resetting the GPU's peak, which memory_mb reports per epoch)."""
+    peaks = {"host": memory_mb(torch.device("cpu"))[1]}
+    if device.type == "cuda":
+        peaks["cuda"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return peaks
+
+
 def memory_mb(device: torch.device) -> tuple[str, float]:
     """(metric name, MB): on CUDA the peak allocation since the last call (so each epoch has
     its own), on MPS the driver's current allocation (MPS keeps no peak), on CPU the process's

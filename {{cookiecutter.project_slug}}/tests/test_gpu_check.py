@@ -191,8 +191,8 @@ def test_the_scan_finds_cuda_branches_and_not_docstrings():
     found = cuda_code()
     assert found["utils/device.py:configure_backends"] >= {"cuda"}
     assert "GradScaler" in found["trainer.py:build_trainee"]
-    assert "SyncBatchNorm" in found["trainer.py:build_net"]
-    assert "CPUOffloadPolicy" in found["parallel.py:wrap"]
+    assert "SyncBatchNorm" in found["parallel.py:replica"]
+    assert "CPUOffloadPolicy" in found["parallel.py:shard"]
     assert "utils/signals.py:<module>" not in found  # its docstring names no CUDA code
 
 

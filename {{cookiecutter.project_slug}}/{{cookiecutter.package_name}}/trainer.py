@@ -220,9 +220,8 @@ def restore(cfg, dist, ckpts: CheckpointManager, state, data: Data, trainee: Tra
     schedule continued; settings changed since are listed (some are refused)."""
     changed = ckpts.restore(state, trainee, progress, data)
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)
-    note = continue_schedule(
-        trainee.optimizer, trainee.scheduler, cfg.train, trainee.lr, total_steps
-    )
+    t = trainee
+    note = continue_schedule(t.optimizer, t.scheduler, cfg.train, t.lr, total_steps)
     if dist.is_main and note:
         print(note)
     if dist.is_main and changed:

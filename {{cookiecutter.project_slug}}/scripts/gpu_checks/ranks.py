@@ -79,8 +79,19 @@ def check_fsdp(c: Check) -> str:
         peak = first_epoch_memory(c, run)
         if peak is not None:
             c.figures[f"fsdp{ranks}_peak_mb_epoch1_rank0"] = peak
+        c.figures[f"fsdp{ranks}_start_up"] = start_up_memory(c)
         done.append(f"{over(c, ranks)} stopped at step {stopped}, resumed to {total}")
     return "; ".join(done)
+
+
+def start_up_memory(c: Check) -> str:
+    """What building and sharding the model raised each rank's peaks by, as the run's start-up
+    line says (parallel.start_up_report): no rank holds the whole model on the GPU."""
+    for log in sorted(c.workdir.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("start-up peak memory per rank"):
+                return line.split(": ", 1)[1]
+    raise Failed("no run printed its start-up peak memory per rank (parallel.shard)")
 
 
 def first_epoch_memory(c: Check, run: str) -> float | None:

@@ -47,7 +47,10 @@ CUDA_PATHS = {
         ("config/schema.py:DataConfig", "data/__init__.py:build_loader")
         + ("trainer.py:build_loaders", "utils/device.py:to_device"),
     ),
-    "memory": ("CUDA peak memory per epoch", ("utils/device.py:memory_mb",)),
+    "memory": (
+        "CUDA peak memory per epoch and at fsdp's start-up",
+        ("utils/device.py:memory_mb", "utils/device.py:peak_memory"),
+    ),
     "rng": (
         "CUDA RNG states saved and restored",
         ("utils/seed.py:rng_state", "utils/seed.py:set_rng_state"),
@@ -62,8 +65,11 @@ CUDA_PATHS = {
         ("distributed.py:gloo_on_cuda", "distributed.py:join"),
     ),
     "ddp": ("DistributedDataParallel on GPUs (device_ids), no_sync", ("trainer.py:distribute",)),
-    "sync_bn": ("SyncBatchNorm (GPUs only)", ("trainer.py:build_net",)),
-    "fsdp": ("fsdp on GPUs, bf16 mixed precision, CPU offload", ("parallel.py:wrap",)),
+    "sync_bn": ("SyncBatchNorm (GPUs only)", ("parallel.py:replica",)),
+    "fsdp": (
+        "fsdp on GPUs: built on meta, shards from rank 0's host copy, mixed precision, offload",
+        ("parallel.py:shard", "parallel.py:check_device"),
+    ),
     "compile": ("torch.compile on a GPU (inductor, triton)", ("trainer.py:distribute",)),
     "inference": (
         "evaluate.py and predict.py --device cuda on a CUDA checkpoint",

@@ -976,6 +976,7 @@ def tool_cases() -> list[Case]:
         ("evaluate-no-checkpoint", py("evaluate", f"--nope={big}")),
         ("compare-x", py("compare_runs", "runs", "--x", big)),
         ("consolidate-unknown-option", py("consolidate", "--checkpoint", "x.pt", f"--{big}")),
+        ("sweep-parallel", py("sweep", "--name", "s", "--parallel", big)),
     ):
         cases.append(Case(f"tool-argparse-{name}-120k", "tools", (), _argv(args)))
     cases.append(Case("tool-damaged-twice-metrics", "tools", ("syn",), _damaged_twice))
@@ -1009,6 +1010,8 @@ def _out_refused(tool: str, target: str):
         force = ["--force"] if tool in ("compare", "consolidate") else []
         cmd = _tool_cmd(tool, ckpt, out, *force)
         return Plan(cmd, (2,), keep=_run_files(run), clean=[run], check=_names_run_file)
+
+    return prepare
 
 
 # ---- resume under changed terms (issue 30: items 2, 4, 5, 11, 16) -------------------------
@@ -1072,6 +1075,8 @@ def _other_run(new_name: bool):
             return None
 
         return Plan(cmd, (0,), keep=_run_files(runs / "syn"), clean=[runs], check=check)
+
+    return prepare
 
 
 # ---- sweeps that recover: kill -9, study.db, full disks, a changed --config, early stops ---
@@ -1214,6 +1219,8 @@ def _out_table(how: str, expect: int):
         check = _wrote_predictions(out, 8) if expect == 0 else None
         return Plan(cmd, (expect,), keep=keep, clean=[folder], check=check)
 
+    return prepare
+
 
 def _best_terms(metric: str):
     """syn chose best.pt by val acc (auto): loss is refused; acc, max (the same) resumes."""
@@ -1226,6 +1233,8 @@ def _best_terms(metric: str):
             return Plan(cmd, (2,), keep=_run_files(runs / "syn"), clean=[runs])
         cmd.append("train.best_mode=max")
         return Plan(cmd, (0,), clean=[runs], check=resumed_from(runs / "syn", ctx.steps["syn"]))
+
+    return prepare
 
 
 def _study_base(ctx) -> Path:
@@ -1291,6 +1300,8 @@ def _out_other(tool: str):
             kept = [out / "notes.txt"]
         cmd = _tool_cmd("export" if tool == "export" else "evaluate", run / "best.pt", out)
         return Plan(cmd, (2,), keep=kept + _run_files(run), clean=[folder])
+
+    return prepare
 
 
 def _damage_study(db: Path, how: str):
@@ -1389,6 +1400,8 @@ def _stale(tool: str):
 
         return Plan(cmd, (0,), keep=[run / "best.pt"], check=check)
 
+    return prepare
+
 
 _TAKEN = """
 import shutil, sys
@@ -1476,6 +1489,8 @@ def _kill9(mode: str):
         cmd = ["-c", KILL9, mode, str(target), str(first), str(second)]
         return Plan(cmd, (0,), keep=[run / "best.pt"], clean=[run, folder])
 
+    return prepare
+
 
 def _config_changed(mode: str, what: str):
     """The sweep's --config file (or the file it extends) edited between two runs: the
@@ -1561,6 +1576,8 @@ def _tool_signal(tool: str, delay: float, sig: int = signal.SIGINT):
             check=check,
         )
 
+    return prepare
+
 
 def _report(delay: float):
     """SIGTERM while a finished sweep's rerun prints and writes its report: it finishes the
@@ -1578,6 +1595,8 @@ def _report(delay: float):
 def _argv(cmd: list[str]):
     def prepare(ctx, folder):
         return Plan(cmd, (2,), clean=[folder])
+
+    return prepare
 
 
 _KILLED = """

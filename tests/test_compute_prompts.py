@@ -8,12 +8,13 @@ import re
 
 from conftest import TEMPLATE, defaults
 
-DOCTOR = TEMPLATE / "{{cookiecutter.project_slug}}" / "scripts" / "doctor.py"
+DOCTOR = TEMPLATE / "{{cookiecutter.project_slug}}" / "scripts" / "doctor_checks.py"
 
 
 def doctor_wheels() -> tuple:
-    # doctor.py holds no Jinja, so the template's copy imports as it is.
-    spec = importlib.util.spec_from_file_location("template_doctor", DOCTOR)
+    # doctor_checks.py (the doctor's diagnosis) holds no Jinja, so the template's copy
+    # imports as it is.
+    spec = importlib.util.spec_from_file_location("template_doctor_checks", DOCTOR)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.WHEELS

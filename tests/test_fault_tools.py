@@ -104,6 +104,8 @@ def test_reasons_that_differ_in_numbers_group_and_quick_takes_one_case_per_famil
     quick = ft.select(cases, argparse.Namespace(only=None, quick=True))
     assert [c.family for c in quick] == list(dict.fromkeys(c.family for c in cases))
     assert len({c.name for c in cases}) == len(cases)
+    # Each case's prepare is a function (a factory that forgets to return it gives None).
+    assert [c.name for c in cases if not callable(c.prepare)] == []
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ Compilation is off by default on CPU (it takes ~15 s per variant there); ask wit
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -32,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 try:
     from {{ cookiecutter.package_name }} import config, data, errors, models, optim, trainer
+    from {{ cookiecutter.package_name }}.tools.cli import Parser
     from {{ cookiecutter.package_name }}.utils import device as devices
 except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
     import _bootstrap
@@ -148,7 +148,7 @@ def run_variant(cfg, task, batch_xy, device, dtype: str, compiled: bool, args) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])  # an argument error: one bounded line
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.width=64")
     parser.add_argument("--config", help="YAML config file (default: built-in defaults)")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))

@@ -39,6 +39,8 @@ from gpu_checks import report  # noqa: E402
 from gpu_checks.common import Check, Failed, Machine, Skipped  # noqa: E402
 from gpu_checks.registry import CHECKS  # noqa: E402
 
+from {{ cookiecutter.package_name }}.tools.cli import Parser  # noqa: E402
+
 SPECS = {spec.name: spec for spec in CHECKS}
 CPU_SLOWER = 5  # a check's time limit on the CPU, against its limit on a GPU
 
@@ -108,7 +110,7 @@ def run_worker(args, machine: Machine) -> int:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])  # an argument error: one bounded line
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     parser.add_argument("--only", metavar="NAME[,NAME]", help="run only these checks")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")

@@ -16,14 +16,19 @@ each running trial save and stop (run again to continue; a second Ctrl-C stops t
 saving).
 """
 
-from pathlib import Path
-
 try:
-    from {{ cookiecutter.package_name }}.tools.sweep_cli import main
+    from {{ cookiecutter.package_name }}.tools.cli import hold_signals
 except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
     import _bootstrap
 
     _bootstrap.not_installed(exc)
 
 if __name__ == "__main__":
+    # Before the sweep's imports, as the tools do: a stop signal (or SIGHUP) during start-up
+    # is noted, and the sweep stops before its first trial (exit 75) instead of dying.
+    hold_signals(hangup=True)
+    from pathlib import Path
+
+    from {{ cookiecutter.package_name }}.tools.sweep_cli import main
+
     raise SystemExit(main(Path(__file__).resolve().parents[1]))

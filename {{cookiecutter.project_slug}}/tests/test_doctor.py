@@ -1,7 +1,9 @@
-"""Tests for scripts/doctor.py: every diagnosis from fake facts, plus one real run here."""
+"""Tests for scripts/doctor.py and its diagnosis (scripts/doctor_checks.py): every diagnosis
+from fake facts, plus one real run here."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import importlib.util
 import json
@@ -14,10 +16,11 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "doctor.py"
-# scripts/ is not a package, so load the module from its path.
+# scripts/ is not a package, so load the module from its path (it imports doctor_checks).
 spec = importlib.util.spec_from_file_location("doctor", SCRIPT)
 doctor = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(doctor)
+diagnosis = sys.modules["doctor_checks"]
 
 HEALTHY = {
     "python": {"version": "3.11.7", "requires": [3, 10], "env": "virtual env /p/.venv"},
@@ -82,7 +85,7 @@ def test_cpu_machine_with_cpu_build_is_ok():
 
 
 def test_cpu_build_with_gpu_present_fails_with_reinstall_command():
-    (msg,) = failures(doctor.diagnose_cuda(facts(torch=CPU_TORCH)))
+    (msg,) = failures(diagnosis.diagnose_cuda(facts(torch=CPU_TORCH)))
     assert "CPU build (2.13.0+cpu)" in msg and "570.86.15" in msg
     assert "--index-url https://download.pytorch.org/whl/cu128" in msg
 
@@ -106,19 +109,19 @@ def test_cuda_library_import_error_names_the_mismatch(error):
 
 def test_other_import_errors_show_the_exception_line():
     missing = {"ok": False, "returncode": 1, "error": "No module named 'torch'"}
-    (msg,) = failures(doctor.diagnose_torch(facts(torch=missing)))
+    (msg,) = failures(diagnosis.diagnose_torch(facts(torch=missing)))
     assert "not installed" in msg
     odd = {"ok": False, "returncode": 1, "error": "Traceback\nRuntimeError: numpy ABI mismatch"}
-    (msg,) = failures(doctor.diagnose_torch(facts(torch=odd)))
+    (msg,) = failures(diagnosis.diagnose_torch(facts(torch=odd)))
     assert msg.endswith("RuntimeError: numpy ABI mismatch")
     crash = {"ok": False, "returncode": -11, "error": "no output"}
-    assert "crashed" in failures(doctor.diagnose_torch(facts(torch=crash)))[0]
+    assert "crashed" in failures(diagnosis.diagnose_torch(facts(torch=crash)))[0]
 
 
 def test_driver_too_old_for_the_wheel_names_the_driver():
     smi = {"present": True, "driver": "535.183.01", "cuda": "12.2", "gpus": ["Tesla V100"]}
     torch = {"cuda_available": False, "cuda_warning": "CUDA initialization: driver too old"}
-    (msg,) = failures(doctor.diagnose_cuda(facts(torch=torch, smi=smi)))
+    (msg,) = failures(diagnosis.diagnose_cuda(facts(torch=torch, smi=smi)))
     assert "driver 535.183.01 is too old" in msg and "12.2" in msg and "12.8" in msg
     assert ">= 570" in msg and "whl/cu126" in msg  # 12.x drivers run the cu126 wheel
 
@@ -128,26 +131,26 @@ def test_driver_too_old_for_the_wheel_names_the_driver():
     [("13.0", "cu130"), ("12.9", "cu128"), ("12.6", "cu126"), ("12.2", "cu126"), (None, "cu130")],
 )
 def test_wheel_for_driver(driver_cuda, tag):
-    assert doctor.wheel_for({"cuda": driver_cuda})[0] == tag
-    assert doctor.wheel_for({"cuda": "11.8"}) is None
+    assert diagnosis.wheel_for({"cuda": driver_cuda})[0] == tag
+    assert diagnosis.wheel_for({"cuda": "11.8"}) is None
 
 
 @pytest.mark.parametrize("value", ["", "-1"])
 def test_hidden_cuda_visible_devices_is_named(value):
     env = {"CUDA_VISIBLE_DEVICES": value}
-    checks = doctor.diagnose_cuda(facts(torch={"cuda_available": False}, env=env))
+    checks = diagnosis.diagnose_cuda(facts(torch={"cuda_available": False}, env=env))
     assert any(f"CUDA_VISIBLE_DEVICES={value!r}" in c.message for c in checks), checks
 
 
 def test_cuda_build_without_driver_only_warns():
-    checks = doctor.diagnose_cuda(facts(torch={"cuda_available": False}, smi=NO_SMI))
+    checks = diagnosis.diagnose_cuda(facts(torch={"cuda_available": False}, smi=NO_SMI))
     assert statuses(checks) == ["warn"] and "login" in checks[0].message
 
 
 def test_unexplained_unavailable_cuda_fails_with_the_reason():
     torch = {"cuda_available": False, "cuda_warning": "CUDA unknown error"}
     env = {"LD_LIBRARY_PATH": "/opt/cuda/lib64"}
-    (msg,) = failures(doctor.diagnose_cuda(facts(torch=torch, env=env)))
+    (msg,) = failures(diagnosis.diagnose_cuda(facts(torch=torch, env=env)))
     assert "CUDA unknown error" in msg and "LD_LIBRARY_PATH=/opt/cuda/lib64" in msg
 
 
@@ -156,12 +159,14 @@ def test_tf32_is_reported_as_training_sets_it():
     training turns it on by default (train.tf32). The line says what training does and names
     the setting that changes it."""
     fresh = {"tf32": "highest"}  # torch.get_float32_matmul_precision() in a new process
-    (on,) = [c for c in doctor.diagnose_cuda(facts(torch=fresh)) if "TF32" in c.message]
+    (on,) = [c for c in diagnosis.diagnose_cuda(facts(torch=fresh)) if "TF32" in c.message]
     assert on.status == "ok" and "training uses TF32" in on.message
     assert "train.tf32=false" in on.message and "set_float32_matmul_precision" not in on.message
-    (off,) = [c.message for c in doctor.diagnose_cuda(facts(tf32=False)) if "TF32" in c.message]
+    (off,) = [c.message for c in diagnosis.diagnose_cuda(facts(tf32=False)) if "TF32" in c.message]
     assert "full fp32" in off and "train.tf32=true" in off
-    (unknown,) = [c.message for c in doctor.diagnose_cuda(facts(tf32=None)) if "TF32" in c.message]
+    (unknown,) = [
+        c.message for c in diagnosis.diagnose_cuda(facts(tf32=None)) if "TF32" in c.message
+    ]
     assert "train.tf32" in unknown
 
 
@@ -175,7 +180,7 @@ def test_tf32_default_is_read_from_the_project_config(tmp_path):
 
 def test_weak_gpu_warns_and_broken_matmul_fails():
     torch = {"bf16": False, "nccl": False, "capability": [7, 0], "matmul_error": "no kernel image"}
-    checks = doctor.diagnose_cuda(facts(torch=torch))
+    checks = diagnosis.diagnose_cuda(facts(torch=torch))
     assert statuses(checks).count("warn") == 2 and len(failures(checks)) == 1
     assert not any("TF32" in c.message for c in checks)
 
@@ -190,7 +195,7 @@ def test_weak_gpu_warns_and_broken_matmul_fails():
     ],
 )
 def test_bf16_is_native_only_from_compute_capability_8(capability, bf16, native):
-    checks = doctor.diagnose_cuda(facts(torch={"capability": capability, "bf16": bf16}))
+    checks = diagnosis.diagnose_cuda(facts(torch={"capability": capability, "bf16": bf16}))
     (check,) = [c for c in checks if "bf16" in c.message]
     if native:
         assert check == ("ok", "native bf16: train.amp=bf16 is the fast choice")
@@ -203,7 +208,7 @@ def test_bf16_is_native_only_from_compute_capability_8(capability, bf16, native)
 
 def test_oversubscribed_machine_warns_with_the_figures_and_the_fix():
     cpu = {"machine": 2, "usable": 2, "load": 6.7}
-    checks = doctor.diagnose_cpu(facts(cpu=cpu, torch={"threads": 2}))
+    checks = diagnosis.diagnose_cpu(facts(cpu=cpu, torch={"threads": 2}))
     assert statuses(checks) == ["ok", "warn"], checks
     assert checks[0].message == "torch uses 2 CPU threads per process; 2 CPUs usable here"
     warning = checks[1].message
@@ -214,7 +219,7 @@ def test_oversubscribed_machine_warns_with_the_figures_and_the_fix():
 def test_load_is_measured_against_the_machine_and_threads_against_usable_cpus():
     # A job pinned to 4 CPUs of a busy 64-CPU node: its own CPUs are not oversubscribed.
     cpu = {"machine": 64, "usable": 4, "load": 40.0}
-    checks = doctor.diagnose_cpu(facts(cpu=cpu, torch={"threads": 8}))
+    checks = diagnosis.diagnose_cpu(facts(cpu=cpu, torch={"threads": 8}))
     assert statuses(checks) == ["warn", "ok"], checks
     assert "torch uses 8 CPU threads" in checks[0].message and "run.threads=4" in checks[0].message
     assert "(4 usable here)" in checks[1].message
@@ -223,7 +228,7 @@ def test_load_is_measured_against_the_machine_and_threads_against_usable_cpus():
 def test_cpu_check_without_load_average_or_torch():
     no_torch = {"ok": False, "returncode": 1, "error": "No module named 'torch'"}
     cpu = {"machine": 4, "usable": 4, "load": None}
-    assert doctor.diagnose_cpu(facts(cpu=cpu, torch=no_torch)) == []
+    assert diagnosis.diagnose_cpu(facts(cpu=cpu, torch=no_torch)) == []
 
 
 def test_probe_cpu_reads_affinity_and_load(monkeypatch):
@@ -235,14 +240,14 @@ def test_probe_cpu_reads_affinity_and_load(monkeypatch):
 
 def test_old_python_and_system_interpreter():
     py = {"version": "3.9.18", "requires": [3, 10], "env": None, "executable": "/usr/bin/python3"}
-    checks = doctor.diagnose_python(facts(python=py))
+    checks = diagnosis.diagnose_python(facts(python=py))
     assert statuses(checks) == ["FAIL", "warn"] and "/usr/bin/python3" in checks[1].message
 
 
 def test_missing_dependency_warns_and_missing_package_fails():
     imports = {**HEALTHY["imports"], "tensorboard": (False, "ModuleNotFoundError: x")}
     imports["mypkg"] = (False, "ModuleNotFoundError: No module named 'mypkg'")
-    checks = doctor.diagnose_deps(facts(imports=imports))
+    checks = diagnosis.diagnose_deps(facts(imports=imports))
     assert any(c.status == "warn" and "requirements.txt" in c.message for c in checks)
     assert "pip install -e ." in failures(checks)[0]
 
@@ -293,6 +298,25 @@ def test_rocm_build_skips_the_nvidia_checks():
     assert "FAIL" not in statuses(checks) and any("ROCm 6.4" in c.message for c in checks)
 
 
+def test_its_parser_is_the_projects_and_argparse_where_the_package_does_not_import(
+    monkeypatch,
+):
+    """The doctor runs before the install and with a broken package: its parser is then
+    argparse's (the package check says what is wrong); else the project's bounded one."""
+    assert doctor.parser_class().__module__.endswith("tools.cli")
+
+    class Broken:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == package:
+                raise SyntaxError("a broken package")
+
+    package = doctor.parser_class().__module__.partition(".")[0]
+    for name in [m for m in sys.modules if m.partition(".")[0] == package]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    assert doctor.parser_class() is argparse.ArgumentParser
+
+
 def test_main_exit_code_and_json(monkeypatch, capsys):
     monkeypatch.setattr(doctor, "gather_facts", lambda: facts(torch=CPU_TORCH))
     assert doctor.main(["--json"]) == 1
@@ -308,7 +332,8 @@ def test_main_exit_code_and_json(monkeypatch, capsys):
 def test_real_run_in_a_throwaway_project(tmp_path):
     """The real probes on this machine, in a project whose package is a tiny stand-in."""
     (tmp_path / "scripts").mkdir()
-    shutil.copy(SCRIPT, tmp_path / "scripts" / "doctor.py")
+    for name in ("doctor.py", "doctor_checks.py"):
+        shutil.copy(SCRIPT.with_name(name), tmp_path / "scripts" / name)
     (tmp_path / ".cookiecutter.json").write_text(json.dumps({"package_name": "doctorpkg"}))
     (tmp_path / "site" / "doctorpkg").mkdir(parents=True)
     (tmp_path / "site" / "doctorpkg" / "__init__.py").write_text("")

@@ -232,10 +232,18 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+# Scripts that import the package from their own tree (the project's root put on sys.path):
+# they run before the install too (the doctor is what to run when it fails).
+FROM_THE_TREE = ("doctor.py", "gpu_check.py")
+
+
 def package_scripts() -> list[str]:
-    """The scripts whose module level imports the package (ast: imports inside strings are not)."""
+    """The scripts that import the package (ast: imports inside strings are not), but for
+    FROM_THE_TREE."""
     names = []
     for path in sorted((ROOT / "scripts").glob("*.py")):
+        if path.name in FROM_THE_TREE:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
                 names.append(path.name)

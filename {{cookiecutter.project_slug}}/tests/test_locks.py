@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,10 @@ from conftest import ROOT
 from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli
+from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli, sweep_manifest
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils import locks
+from {{ cookiecutter.package_name }}.utils.logger import record_run
 
 NO_LOCKS = "does not support file locks"
 
@@ -55,6 +57,38 @@ def test_a_sweep_manifest_is_written_on_a_filesystem_without_locks(tmp_path, mon
     again = sweep.Sweep.create(ROOT, args)  # a rerun reads the recorded state
     assert [t["state"] for t in again.trials] == ["done", "pending"]
     assert NO_LOCKS in capsys.readouterr().out
+
+
+@pytest.fixture
+def nfs_flock(monkeypatch):
+    """flock as Linux's NFS client does it (it emulates flock with fcntl locks): an exclusive
+    lock needs a descriptor open for writing, a shared one for reading, else EBADF."""
+    real = fcntl.flock
+
+    def flock(fd, operation):
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        if operation & fcntl.LOCK_EX and mode == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        if operation & fcntl.LOCK_SH and mode == os.O_WRONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_runs_csv_and_a_trials_lock_are_locked_as_nfs_allows(tmp_path, nfs_flock):
+    """record_run's lock and the sweep's check of a trial's run folder take locks that NFS
+    grants (no EBADF), and a run folder another process holds still reads as busy."""
+    record_run(tmp_path, {"run": "a", "steps": 1})
+    assert (tmp_path / "runs.csv").read_text().splitlines()[1].endswith(",a,1")
+    run = tmp_path / "a"
+    folder = RunFolder(run, keep_last=1)
+    # What training holds (and a trial that a killed sweep left behind). flock locks belong to
+    # an open file, so run_busy's own descriptor meets it as another process's would.
+    folder.lock()
+    assert sweep_manifest.run_busy(run) is True
+    folder.unlock()
+    assert sweep_manifest.run_busy(run) is False
 
 
 def test_a_lock_held_elsewhere_still_means_in_use(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import TINY
 
+from {{ cookiecutter.package_name }}.checkpoint import run_folder
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import UserError
 from {{ cookiecutter.package_name }}.tools import outputs
@@ -22,6 +23,7 @@ from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, eva
 from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.utils import run_files
 from {{ cookiecutter.package_name }}.utils.logger import record_run
 
 
@@ -70,6 +72,13 @@ def test_every_file_a_run_leaves_is_a_run_file(tmp_path):
     assert outputs.run_file(out / "compare.png") is None
 
 
+def test_the_step_files_outputs_refuses_are_the_ones_training_names():
+    # utils/run_files.py holds the names; RunFolder still spells its pattern itself.
+    assert run_folder.STEP_FILE.pattern == run_files.STEP_FILE.pattern
+    assert run_files.STEP_FILE.fullmatch(run_files.step_file(12))
+    assert outputs.run_file(Path("deploy") / "step-00000012.pt") is None  # no run's folder
+
+
 def test_sweep_records_are_run_files_and_common_names_elsewhere_are_not(tmp_path):
     sweep = tmp_path / "lrs"
     sweep.mkdir()
@@ -81,8 +90,32 @@ def test_sweep_records_are_run_files_and_common_names_elsewhere_are_not(tmp_path
     plain.mkdir()
     for name in ("results.csv", "config.yaml", "metrics.csv", "curves.png"):
         assert outputs.run_file(plain / name) is None, name
-    for name in ("best.pt", "last.pt", "step-00000002.pt", "sweep.json", "study.db"):
+    for name in ("sweep.json", "study.db", ".sweep.lock", ".runs.lock"):
         assert outputs.run_file(plain / name), name  # their names say what they are
+
+
+def test_a_checkpoint_name_outside_a_run_is_refused_only_for_a_training_checkpoint(tmp_path):
+    """deploy/best.pt: a new file of that name, or a consolidated one, is no run's (anyone may
+    name a file best.pt); a checkpoint that training saved is, wherever it was copied."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    for name in ("best.pt", "last.pt", "step-00000002.pt", "step-00000002.pt.bad"):
+        assert outputs.run_file(deploy / name) is None, name
+        assert outputs.check_out(deploy / name) == deploy / name
+    consolidated = {"model": {}, "progress": {}, "meta": {"consolidated_from": "best.pt"}}
+    torch.save(consolidated, deploy / "best.pt")
+    assert outputs.run_file(deploy / "best.pt") is None  # replaced as its own, or with --force
+    torch.save({"model": {}, "optimizer": {}, "progress": {}}, deploy / "last.pt")
+    with pytest.raises(UserError, match=re.escape("is a checkpoint of a run (last.pt)")):
+        outputs.check_out(deploy / "last.pt", force=True)
+    (deploy / "link.pt").symlink_to(deploy / "last.pt")
+    with pytest.raises(UserError, match="is a checkpoint of a run"):
+        outputs.check_out(deploy / "link.pt", force=True)  # what it links to counts
+    # Inside a run folder every checkpoint name is the run's, there or not.
+    (deploy / "config.yaml").write_text("run: {}\n")
+    assert (
+        outputs.run_file(deploy / "step-00000004.pt") == "a checkpoint of a run (step-00000004.pt)"
+    )
 
 
 def test_check_out_refuses_run_files_inputs_and_other_files(tmp_path):
@@ -94,6 +127,7 @@ def test_check_out_refuses_run_files_inputs_and_other_files(tmp_path):
     (tmp_path / "link.csv").symlink_to(table)
     os.link(table, tmp_path / "hard.csv")
     (tmp_path / "to_config.csv").symlink_to(run / "config.yaml")
+    torch.save({"model": {}, "optimizer": {}}, tmp_path / "best.pt")  # a copied checkpoint
     cases = {
         run / "metrics.csv": "a record of the run folder",
         tmp_path / "best.pt": "a checkpoint of a run (best.pt)",

@@ -11,8 +11,9 @@ import pytest
 import torch
 from conftest import CONFIGS, TINY, lm_overrides, tiny_with
 
+from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint, evaluate_main
 from {{ cookiecutter.package_name }}.tools.inference import load_trained, validation_set
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
@@ -282,6 +283,26 @@ def test_a_bad_option_is_refused_on_one_line(models, tmp_path, capsys, args, fra
     (tmp_path / "good.csv").write_text("a,b,c\n1,2,3\n")
     args = [str(tmp_path / a) if a == "good.csv" else a for a in args]
     assert fragment in refused(capsys, tmp_path, ["--checkpoint", models["csv"], *args])
+
+
+def test_an_fp16_checkpoint_on_the_cpu_is_refused_as_training_refuses_it(models, tmp_path, capsys):
+    """fp16 autocast needs a GPU (training refuses train.amp=fp16 on the CPU): a checkpoint of
+    a GPU run under fp16, predicted or evaluated on the CPU, is one line with the way out; the
+    two tools choose by one rule (inference_amp)."""
+    state = checkpoint.load(models["tensor"])
+    state["config"]["train"]["amp"] = "fp16"  # as a GPU run saves it
+    fp16 = tmp_path / "fp16.pt"
+    torch.save(state, fp16)
+    line = refused(capsys, tmp_path, ["--checkpoint", str(fp16), "--split", "val"])
+    assert "runs under its train.amp=fp16 unless --amp says otherwise" in line, line
+    assert "--amp=bf16 on CPU" in line, line
+    assert len(predict(str(fp16), "--split", "val", "--amp", "off", out=tmp_path / "p.csv")) == 96
+    capsys.readouterr()
+    assert evaluate_main(["--checkpoint", str(fp16)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "unless train.amp says otherwise" in line and "train.amp=bf16 on CPU" in line, line
+    assert not (tmp_path / "fp16_report").exists()
+    assert evaluate_main(["--checkpoint", str(fp16), "train.amp=off", "--json"]) == 0
 
 
 def test_good_inputs_still_predict_and_csv_columns_are_found_by_name(models, tmp_path):

@@ -16,7 +16,7 @@ from conftest import ROOT, TINY, run_script
 
 from {{ cookiecutter.package_name }}.config import load_config, save_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli, sweep_manifest, sweep_report
+from {{ cookiecutter.package_name }}.tools import cli, sweep, sweep_cli, sweep_manifest, sweep_report
 from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
 from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.utils.logger import record_run
@@ -575,8 +575,13 @@ def test_a_trial_that_cannot_write_stops_the_sweep_and_is_retried_by_the_rerun(
     assert [c["run"] for c in calls_of(calls)].count("t00-lr1e-3") == 2
 
 
-@pytest.mark.parametrize("edit", ["its own settings", "the file it extends", "a comment"])
+SAME_SETTINGS = ("a comment", "what it overrides, in the file it extends")
+
+
+@pytest.mark.parametrize("edit", ["its own settings", "the file it extends", *SAME_SETTINGS])
 def test_a_sweep_refuses_to_continue_after_its_config_file_changed(tmp_path, capsys, edit):
+    """The digest is of the settings load_config reads from the file (config.file_settings),
+    not of each file's text: what changes no setting is no change."""
     base = tmp_path / "base.yaml"
     base.write_text("train:\n  weight_decay: 0.01\n")
     config = tmp_path / "exp.yaml"
@@ -588,10 +593,12 @@ def test_a_sweep_refuses_to_continue_after_its_config_file_changed(tmp_path, cap
         config.write_text("extends: base.yaml\ntrain:\n  grad_clip: 0.25\n")
     elif edit == "the file it extends":
         base.write_text("train:\n  weight_decay: 0.02\n")
-    else:  # the same settings: the trials train the same models
+    elif edit == "a comment":  # the same settings: the trials train the same models
         config.write_text("extends: base.yaml\n# clipped\ntrain: {grad_clip: 0.5}\n")
+    else:  # exp.yaml's grad_clip still wins
+        base.write_text("train:\n  weight_decay: 0.01\n  grad_clip: 2.0\n")
     capsys.readouterr()
-    if edit == "a comment":
+    if edit in SAME_SETTINGS:
         assert in_process(tmp_path, *args) == 0
         return
     assert in_process(tmp_path, *args) == 2
@@ -665,6 +672,18 @@ def test_a_stop_while_the_sweep_starts_ends_it_before_its_first_trial(
     assert f"sweep stopped ({signal.Signals(sig).name})" in out
     trials = json.loads((tmp_path / "s" / "sweep.json").read_text())["trials"]
     assert {t["state"] for t in trials} == {"pending"}
+
+
+def test_a_stop_the_script_held_before_its_imports_ends_the_sweep_before_its_first_trial(
+    tmp_path, monkeypatch, capsys, stop_signals_raise
+):
+    """scripts/sweep.py holds stop signals from before its imports (cli.hold_signals, as the
+    tools do): one noted then is the sweep's to act on."""
+    calls = fake_trials(monkeypatch, tmp_path, {})
+    cli._held.append(signal.SIGTERM)  # what hold_signals() notes while the sweep imports
+    assert in_process(tmp_path, "--name", "s", *GRID) == 75
+    assert not calls_of(calls) and "sweep stopped (SIGTERM)" in capsys.readouterr().out
+    assert cli._held == []  # taken over by the sweep
 
 
 def test_a_stop_during_the_report_lets_the_report_finish(

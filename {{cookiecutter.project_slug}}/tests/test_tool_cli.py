@@ -4,17 +4,21 @@ Ctrl-C), nothing written, instead of a traceback or a kill."""
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, TINY
 
+from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.tools import cli, export
+from {{ cookiecutter.package_name }}.tools import cli, export, sweep_cli
 from {{ cookiecutter.package_name }}.tools.compare import compare_main
 from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_main
 from {{ cookiecutter.package_name }}.tools.export import export_main
@@ -42,6 +46,10 @@ BAD_ARGUMENTS = {
         lambda argv: script_main("benchmark_dataloader.py")(argv),
         ["--batches", MB],
     ),
+    "sweep": (lambda argv: sweep_cli.main(ROOT, argv), ["--name", "s", "--parallel", MB]),
+    "doctor": (lambda argv: script_main("doctor.py")(argv), [f"--nope={MB}"]),
+    "benchmark_gpu": (lambda argv: script_main("benchmark_gpu.py")(argv), ["--steps", MB]),
+    "gpu_check": (lambda argv: script_main("gpu_check.py")(argv), ["--only", MB]),
 }
 
 
@@ -100,6 +108,38 @@ def test_a_stop_while_the_output_is_put_in_place_waits_for_it(handlers):
 
 
 @pytest.mark.slow
+def test_a_stop_right_after_consolidate_puts_its_file_in_place_ends_it_as_written(
+    handlers, tmp_path, monkeypatch, capsys
+):
+    """The stop lands just after the rename that put the new file in place: it is whole, so
+    the tool ends as it would have (exit 0), not with "nothing was written". Its --out,
+    deploy/best.pt, is a new file outside any run: no run's checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
+    fit(load_config(None, [*TINY, f"run.output_dir={tmp_path}", "train.max_steps=1"]))
+    state = checkpoint.load(tmp_path / "default" / "last.pt")
+    run = tmp_path / "sharded"  # a run whose checkpoint is sharded: step-N.pt and its shards
+    with pytest.warns(UserWarning, match="torch.distributed is "):  # no group: meant here
+        dcp.save({"model": state.pop("model")}, checkpoint_id=run / "step-00000001.dcp")
+    del state["optimizer"]
+    torch.save({**state, "shards": "step-00000001.dcp"}, run / "step-00000001.pt")
+    out = tmp_path / "deploy" / "best.pt"
+    out.parent.mkdir()
+    replace = os.replace
+
+    def replaced_then_stopped(source, target):
+        replace(source, target)
+        if Path(target) == out:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "replace", replaced_then_stopped)
+    code = consolidate_main(["--checkpoint", str(run / "step-00000001.pt"), "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0 and f"wrote {out}" in stdout and stderr == "", stderr
+    assert checkpoint.load(out)["meta"]["consolidated_from"] == str(run / "step-00000001.pt")
+
+
+@pytest.mark.slow
 def test_a_stop_during_export_leaves_the_previous_artifact(handlers, tmp_path, monkeypatch):
     fit(load_config(None, [*TINY, "train.epochs=1", f"run.output_dir={tmp_path}"]))
     best, out = str(tmp_path / "default" / "best.pt"), tmp_path / "model.pt"
@@ -118,21 +158,32 @@ def test_a_stop_during_export_leaves_the_previous_artifact(handlers, tmp_path, m
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
 
-# Sends SIGTERM when torch is first imported (the slowest part of a start), then runs the
-# script as `python scripts/<name>.py` would.
+# Sends SIGTERM when the module argv[1] is first imported (torch: the slowest part of a
+# tool's start), then runs the script argv[2] as `python scripts/<name>.py` would.
 SIGNAL_AT_IMPORT = """
 import os, runpy, signal, sys
 
 class SignalAtImport:
     def find_spec(self, name, path=None, target=None):
-        if name == "torch":
+        if name == MODULE:
             sys.meta_path.remove(self)
             os.kill(os.getpid(), signal.SIGTERM)
 
+MODULE = sys.argv[1]
 sys.meta_path.insert(0, SignalAtImport())
-sys.argv = sys.argv[1:]
+sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+
+
+def signalled_at_import(module: str, script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", SIGNAL_AT_IMPORT, module, str(ROOT / "scripts" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.mark.slow
@@ -142,13 +193,20 @@ def test_a_signal_while_the_script_imports_is_one_line_and_exit_75(tmp_path, scr
     tool as soon as it can act, with one line and nothing written."""
     args = ["--checkpoint", str(tmp_path / "best.pt")]
     args += {"export.py": ["--format", "export"], "predict.py": ["--split", "val"]}.get(script, [])
-    proc = subprocess.run(
-        [sys.executable, "-c", SIGNAL_AT_IMPORT, str(ROOT / "scripts" / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    proc = signalled_at_import("torch", script, *args)
     assert proc.returncode == 75, proc.stderr
     assert proc.stderr == "stopped by SIGTERM; nothing was written: run the command again\n"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_signal_while_the_sweep_script_imports_stops_it_before_its_first_trial(tmp_path):
+    """scripts/sweep.py holds the stop signals as the tools do, from before it imports the
+    sweep (here: the signal comes as sweep_cli is imported): the sweep acts on it."""
+    args = ["--name", "s", "train.lr=1e-3,3e-3", *TINY, f"run.output_dir={tmp_path}"]
+    proc = signalled_at_import("{{ cookiecutter.package_name }}.tools.sweep_cli", "sweep.py", *args)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert "sweep stopped (SIGTERM)" in proc.stdout and "Traceback" not in proc.stderr
+    trials = json.loads((tmp_path / "s" / "sweep.json").read_text())["trials"]
+    assert {t["state"] for t in trials} == {"pending"}
+    assert not (tmp_path / "s" / "logs").exists()  # no trial started

@@ -1,6 +1,12 @@
-"""Errors a user can fix. The scripts print these as one line and exit non-zero."""
+"""Errors a user can fix (the scripts print these as one line and exit non-zero), the exit
+code of a stop, and the wording of messages said in more than one place. Imports no torch:
+the scripts read it before their heavy imports."""
 
 import re
+
+# EX_TEMPFAIL: stopped by a signal (SIGTERM, SIGUSR1, a first Ctrl-C in training) before the
+# work was done; run the same command again. Training, the tools, the sweep and the GPU check.
+EXIT_STOPPED = 75
 
 
 class UserError(Exception):
@@ -13,6 +19,17 @@ class ConfigError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint that is missing, corrupt, unsafe or does not fit the model."""
+
+
+def holds_code(path, what: str | None = None) -> str:
+    """Why a checkpoint file (or a shard index) holding pickled Python objects is refused:
+    loading them could run code. `what`: the global it names, where known."""
+    named = f" ({what})" if what else ""
+    return (
+        f"checkpoint {str(path)!r} holds pickled Python objects{named}, which weights_only "
+        "loading refuses (they can run code); re-save it with tensors and plain containers "
+        "only, if you trust its source"
+    )
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

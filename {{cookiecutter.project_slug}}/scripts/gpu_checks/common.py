@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from {{ cookiecutter.package_name }}.distributed import BACKEND_VARIABLE
-from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED
+from {{ cookiecutter.package_name }}.errors import EXIT_STOPPED
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
@@ -37,7 +37,7 @@ TINY = [
 ]
 STEPS_PER_EPOCH = 512 // 32
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-__all__ = ["EXIT_PREEMPTED", "ROOT", "TINY", "Check", "Failed", "Machine", "Skipped"]
+__all__ = ["EXIT_STOPPED", "ROOT", "TINY", "Check", "Failed", "Machine", "Skipped"]
 
 # A warning in a run's output: Python's ("...: UserWarning: ..."), torch's C++ and logging
 # lines ("[W1203 12:00:00.000 ...]", "W1203 12:00:00.000000 ...", with "[rank0]:"), and the

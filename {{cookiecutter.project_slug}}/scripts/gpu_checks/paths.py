@@ -13,7 +13,7 @@ import time
 import torch
 
 from .common import (
-    EXIT_PREEMPTED,
+    EXIT_STOPPED,
     ROOT,
     STEPS_PER_EPOCH,
     Check,
@@ -79,7 +79,7 @@ def check_resume(c: Check) -> str:
     c.python("scripts/train.py", *c.overrides("straight", *exact))
     stop_at = STEPS_PER_EPOCH * 3 // 2
     stopping = c.overrides("resumed", *exact, "run.log_every=1")
-    c.python("-c", STOPPING_TRAIN, str(stop_at), *stopping, expect=EXIT_PREEMPTED)
+    c.python("-c", STOPPING_TRAIN, str(stop_at), *stopping, expect=EXIT_STOPPED)
     c.python("scripts/train.py", *c.overrides("resumed", *exact, "train.resume=auto"))
     straight, resumed = load_last(c.run_dir("straight")), load_last(c.run_dir("resumed"))
     steps = straight["progress"]["step"], resumed["progress"]["step"]
@@ -143,7 +143,7 @@ def stop_and_resume(
     it stopped at. Under torchrun only the ranks' exit code (75) is checked, in their output."""
     proc = c.start(*launch, *args, env=env)
     torchrun = "torch.distributed.run" in launch
-    expect = None if torchrun else EXIT_PREEMPTED
+    expect = None if torchrun else EXIT_STOPPED
     while not list(c.run_dir(run).glob("step-*.pt")):
         if proc.poll() is not None or time.monotonic() > c.deadline:
             c.wait(proc, expect=expect)  # reports the exit code or the timeout

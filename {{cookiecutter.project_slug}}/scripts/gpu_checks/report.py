@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed
 
-from .common import ROOT, Check, Machine
+from .common import EXIT_STOPPED, ROOT, Check, Machine
 from .registry import CUDA_PATHS, SEVERAL_GPUS, Spec
 
 STATUSES = ("pass", "FAIL", "skip", "stopped", "not run")
@@ -204,7 +204,7 @@ def summary_line(found: dict, seconds: float) -> str:
 
 def exit_code(found: dict) -> int:
     if found["stopped"]:
-        return 75
+        return EXIT_STOPPED
     if found["summary"]["FAIL"]:
         return 1
     return 3 if found["summary"]["not run"] else 0

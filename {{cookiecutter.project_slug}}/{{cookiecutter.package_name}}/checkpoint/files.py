@@ -75,11 +75,13 @@ def is_bare_weights(state: dict) -> bool:
     return bool(state) and all(isinstance(value, torch.Tensor) for value in state.values())
 
 
-def atomic_save(obj, path: Path) -> None:
+def atomic_save(obj, path: Path, before_rename=None) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`.
 
     A rename within one filesystem is atomic, so a reader (or a run killed at any instant)
     sees either the old complete file or the new complete file, never a truncated one.
+    `before_rename()`, if given, runs between the write and the rename (a tool's
+    cli.placing_output: a stop from there on waits for the rename).
     """
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -87,6 +89,8 @@ def atomic_save(obj, path: Path) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:

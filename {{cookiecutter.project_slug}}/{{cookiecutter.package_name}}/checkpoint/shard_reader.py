@@ -24,7 +24,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, holds_code
 
 _DCP = "torch.distributed.checkpoint"
 # What DCP's index is made of (torch 2.6 to 2.13 write the same: read from their
@@ -73,13 +73,6 @@ class _IndexUnpickler(pickle.Unpickler):
         raise _Refused(f"{module}.{name}")
 
 
-def refused(path: Path | str, what: str) -> str:
-    return (
-        f"checkpoint file {str(path)!r} holds pickled code ({what}), refused: loading it could "
-        "run commands; delete the checkpoint, or re-save it where you trust its source"
-    )
-
-
 def read_index(folder: Path | str, name: str = ".metadata") -> Metadata:
     """The shard folder's index. CheckpointError if it holds code; the errors of pickle (a
     damaged file) and OSError (the system's) otherwise."""
@@ -88,7 +81,7 @@ def read_index(folder: Path | str, name: str = ".metadata") -> Metadata:
         try:
             index = _IndexUnpickler(f).load()
         except _Refused as exc:
-            raise CheckpointError(refused(path, str(exc))) from None
+            raise CheckpointError(holds_code(path, str(exc))) from None
     if not isinstance(index, Metadata):
         raise pickle.UnpicklingError(f"it holds a {type(index).__name__}, not DCP's index")
     return index
@@ -130,7 +123,7 @@ class SafePlanner(DefaultLoadPlanner):
                 raise
             where = self.reader.storage_data[read_item.storage_index].relative_path
             what = f"{found.group(1)} in {read_item.dest_index.fqn}"
-            self.reader.refused = CheckpointError(refused(Path(self.reader.path) / where, what))
+            self.reader.refused = CheckpointError(holds_code(Path(self.reader.path) / where, what))
             raise self.reader.refused from None
         # Handed on re-saved: what torch.save writes for tensors and plain values is what
         # weights_only reads, so the planner's own (unrestricted) load builds only those.

@@ -87,11 +87,12 @@ def restore(state: dict, model: nn.Module, optimizer, strategy: str) -> None:
     )
 
 
-def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
+def consolidate(path: str | Path, out: str | Path | None = None, before_rename=None) -> Path:
     """Write the full model of the sharded checkpoint `path` (its step-N.pt, last.pt or
     best.pt) to one plain file, with its config and progress, for scripts/evaluate.py and
     train.init_from. Runs in one process, no process group; holds the full model in memory
-    (not the optimizer). Returns the file written: `out`, or <name>.full.pt beside `path`."""
+    (not the optimizer). Returns the file written: `out`, or <name>.full.pt beside `path`.
+    `before_rename`: files.atomic_save's."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from .shard_reader import read_index
@@ -120,7 +121,7 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     full = {"model": model, "config": head["config"], "progress": head["progress"], "meta": meta}
     # What evaluation, prediction and export read besides the weights: preprocessing, shapes.
     full.update({key: head[key] for key in ("data", "io") if key in head})
-    files.atomic_save(full, out)
+    files.atomic_save(full, out, before_rename)
     return out
 
 

@@ -10,7 +10,7 @@ override values, typed values, "did you mean" for unknown and renamed keys), loa
 layers and building the settings from them) and validate.py (the rules between values).
 """
 
-from .load import flatten, from_dict, load_config, save_config, to_dict
+from .load import file_settings, flatten, from_dict, load_config, save_config, to_dict
 from .schema import (
     COMPONENTS,
     SECTIONS,
@@ -39,6 +39,7 @@ __all__ = [
     "TrainConfig",
     "closest",
     "components",
+    "file_settings",
     "flatten",
     "from_dict",
     "load_config",

@@ -32,7 +32,7 @@ def load_config(
 ) -> Config:
     """Defaults, then the file at `path` (or the dict `base`, e.g. a checkpoint's config),
     then `key=value` overrides; validated."""
-    data: dict = read_file(Path(path), _merge) if path else _merge({}, base or {})
+    data: dict = file_settings(path) if path else _merge({}, base or {})
     # All overrides form one layer, so their order does not matter: model.width=8
     # model.name=mlp sets the mlp's width (a component's options from the layers below are
     # dropped when a layer chooses another component). A section's value, train={epochs: 3},
@@ -53,6 +53,12 @@ def load_config(
     cfg = from_dict(_merge(data, top))
     validate(cfg)
     return cfg
+
+
+def file_settings(path: str | Path) -> dict:
+    """What the config file at `path` sets, the files it `extends` laid under it: the layer
+    load_config puts over the defaults. ConfigError when a file does not read."""
+    return read_file(Path(path), _merge)
 
 
 def from_dict(data: dict) -> Config:

@@ -18,12 +18,9 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
 
-from ..errors import UserError, bounded, first_line, is_out_of_memory, user_message
+from ..errors import EXIT_STOPPED, UserError, bounded, first_line, is_out_of_memory, user_message
 from ..utils import signals
-
-EXIT_STOPPED = 75  # as training's EXIT_PREEMPTED: stopped by a signal, run it again
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,14 +58,23 @@ _held: list[int] = []  # stop signals noted while a tool cannot act on them
 _placing = [False]  # the tool is putting its output in place: a stop waits for that
 
 
-def hold_signals() -> None:
+def hold_signals(hangup: bool = False) -> None:
     """For a tool's script, before its imports (torch takes seconds): a stop signal (SIGTERM,
-    SIGUSR1, Ctrl-C) is noted until guard(stoppable=True) acts on it (exit 75, or 130 for
-    Ctrl-C; nothing written), and only noted once the tool has returned."""
-    signals.catch(signals.SIGNALS, _hold)
+    SIGUSR1, Ctrl-C; with `hangup`, SIGHUP too: the sweep's) is noted until the tool acts on
+    it: guard(stoppable=True) ends the tool (exit 75, or 130 for Ctrl-C; nothing written),
+    the sweep takes the notes over (take_held). Once the tool has returned, only noted."""
+    held = (*signals.SIGNALS, *signals.HANGUP) if hangup else signals.SIGNALS
+    signals.catch(held, _hold)
     # Python's shutdown sets the handlers back to the default (die): ignored, a late signal
     # leaves the exit status as it was.
-    atexit.register(signals.catch, signals.SIGNALS, signal.SIG_IGN)
+    atexit.register(signals.catch, held, signal.SIG_IGN)
+
+
+def take_held() -> list[int]:
+    """The stop signals noted since hold_signals(), in order; from here on, the caller's."""
+    taken = list(_held)
+    _held.clear()
+    return taken
 
 
 def _hold(signum, frame) -> None:
@@ -158,7 +164,7 @@ _FS_FIXES = {
 }
 
 
-def _os_error_line(exc: BaseException, run_dir: Path | None) -> str | None:
+def _os_error_line(exc: BaseException, run_dir: os.PathLike | None) -> str | None:
     """One line for a file-system refusal, or None for anything else.
 
     torch.save reports a failed write as a RuntimeError whose context is the OSError."""

@@ -56,7 +56,7 @@ def evaluate_checkpoint(
     from ..data import build_loader, close_loader
     from ..trainer import build_data, evaluate
     from . import report
-    from .inference import load_trained
+    from .inference import inference_amp, load_trained
 
     if report_dir:  # before the evaluation: a refused folder costs nothing
         report.check_folder(Path(report_dir), path)
@@ -67,6 +67,7 @@ def evaluate_checkpoint(
     dist, device = distributed.setup(cfg.run.device)
     loader = None
     try:
+        amp = inference_amp(trained, device, option="train.amp")  # before the data is read
         # The checkpoint's data meta: the training run's normalisation, classes and split.
         _, val_set, _, task = build_data(cfg, trained.meta or None)
         loader = build_loader(
@@ -80,7 +81,7 @@ def evaluate_checkpoint(
         )
         collector = report.Collector(cfg.task.name, task.num_outputs, device)
         model = trained.model.to(device)
-        metrics = evaluate(model, loader, task, device, cfg.train.amp, collector)
+        metrics = evaluate(model, loader, task, device, amp, collector)
         if report_dir:
             collector.finish()  # a collective: every rank takes part
         metrics = {"checkpoint": path, "step": trained.step, **metrics}
@@ -116,9 +117,10 @@ def consolidate_main(argv: list[str] | None = None) -> int:
         path = Path(args.checkpoint)
         out = Path(args.out) if args.out else path.with_name(f"{path.stem}.full.pt")
         outputs.check_out(out, [path], is_consolidated, args.force)
-        # A stop stays honoured while the shards are read: the file is written through a
-        # temporary and a rename (checkpoint.atomic_save), so a stop leaves the old one.
-        print(f"wrote {consolidate(path, out)}")
+        # A stop stays honoured while the shards are read and the file is written (through a
+        # temporary and a rename: checkpoint.atomic_save), so it leaves the old one; from the
+        # rename on it waits, and the exit code says the file was replaced.
+        print(f"wrote {consolidate(path, out, before_rename=cli.placing_output)}")
         return 0
 
     return guard(run, args.debug, stoppable=True)

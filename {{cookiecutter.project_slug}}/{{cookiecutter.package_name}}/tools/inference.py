@@ -8,7 +8,8 @@ Mixed precision: predict.py, like evaluate.py, runs the model under the checkpoi
 train.amp. Its validation metrics, and so the choice of best.pt, were measured under it: in
 a bf16 run, fp32 would give other probabilities (and now and then another class) than the
 metrics that picked the model, and than evaluate.py. --amp (predict) or train.amp=...
-(evaluate) overrides it; an exported artifact computes in fp32.
+(evaluate) overrides it; both choose by inference_amp, under training's rule for the device
+(fp16 needs a GPU). An exported artifact computes in fp32.
 """
 
 from __future__ import annotations
@@ -85,13 +86,23 @@ def validation_inputs(trained: Trained, n: int) -> torch.Tensor:
     return example_inputs(validation_set(trained), n)
 
 
-def inference_amp(trained: Trained, device: torch.device, amp: str | None = None) -> str:
-    """The mixed precision to predict under: `amp` (--amp) if given, checked for the device,
-    else the checkpoint's train.amp (as evaluate.py uses; see the docstring above)."""
-    if amp is None:
-        return trained.cfg.train.amp
+def inference_amp(
+    trained: Trained, device: torch.device, amp: str | None = None, option: str = "--amp"
+) -> str:
+    """The mixed precision to run the checkpoint's model under, for predict.py and
+    evaluate.py alike: `amp` (predict's --amp) if given, else the checkpoint's train.amp (in
+    evaluate.py, with its train.amp=... override; see the docstring above). Checked for the
+    device as training checks it: fp16 on the CPU, or bf16 where it is only emulated, is one
+    line naming `option`, the way to choose another."""
+    chosen = trained.cfg.train.amp if amp is None else amp
     try:
-        check_amp(amp, device)
-    except ConfigError as exc:  # its message names the config key; here it is the option
-        raise ConfigError(str(exc).replace("train.amp", "--amp")) from None
-    return amp
+        check_amp(chosen, device)
+    except ConfigError as exc:  # its message names the config key; say where it came from
+        message = str(exc).replace("train.amp", option)
+        if amp is None:
+            message = (
+                f"checkpoint {trained.path!r} runs under its train.amp={chosen} unless {option} "
+                f"says otherwise, and {message}"
+            )
+        raise ConfigError(message) from None
+    return chosen

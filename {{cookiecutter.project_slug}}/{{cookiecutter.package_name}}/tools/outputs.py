@@ -2,10 +2,11 @@
 --out, compare_runs.py --out, consolidate.py --out, evaluate.py --report), and the clean-up
 of what a tool killed mid-write left beside its target.
 
-- Never over a run: a checkpoint (step-N.pt, last.pt, best.pt, *.pt.bad, what a step-N.dcp/
-  folder holds) or a record of a run, sweep or output folder (config.yaml, metrics.csv,
-  runs.csv, curves.png, sweep.json, study.db, results.csv, best.yaml, *.damaged, the locks,
-  tb/ ...). --force does not change that.
+- Never over a run: a checkpoint (step-N.pt, last.pt, best.pt, *.pt.bad inside a run
+  folder, an existing training checkpoint anywhere, what a step-N.dcp/ folder holds) or a
+  record of a run, sweep or output folder (config.yaml, metrics.csv, runs.csv, curves.png,
+  sweep.json, study.db, results.csv, best.yaml, *.damaged, the locks, tb/ ...). --force does
+  not change that.
 - Never over one of the command's own inputs, by any name (a symlink, a hard link).
 - An existing file is replaced only where it is the tool's own earlier output of the same
   kind (`own`: a prediction CSV, an export with its JSON, a compare plot, a consolidated
@@ -25,42 +26,79 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import UserError
+from ..utils import run_files as names
 
-# A run folder's checkpoints (checkpoint/run_folder.py): their names say what they are, so
-# they are refused wherever they are.
-CHECKPOINT = re.compile(r"step-\d+\.pt(\.bad)?|last\.pt|best\.pt")
-SHARDS = re.compile(r"step-\d+\.dcp(\.bad)?")  # train.strategy=fsdp: a checkpoint's shards
+# The names come from utils/run_files.py, where the code that writes each file takes them too.
+CHECKPOINT = re.compile(
+    rf"({names.STEP_FILE.pattern})({re.escape(names.SET_ASIDE)})?"
+    rf"|{re.escape(names.LAST)}|{re.escape(names.BEST)}"
+)
+SHARDS = re.compile(rf"({names.SHARD_FOLDER.pattern})({re.escape(names.SET_ASIDE)})?")
+_STUDY = rf"{re.escape(names.STUDY)}(-journal|-wal|-shm)?"
+_LOCKS = (names.RUN_LOCK, names.RUNS_LOCK, names.SWEEP_LOCK, names.SWEEP_RUN_LOCK)
 # Records no other file is named like: refused wherever they are.
 RECORD = re.compile(
-    r"sweep\.json|study\.db(-journal|-wal|-shm)?|.+\.damaged(\.\d+)?|\.lock|\.sweep(\.run)?\.lock"
-    r"|events\.out\.tfevents\..*"
+    "|".join(
+        [re.escape(names.SWEEP), _STUDY, names.DAMAGED.pattern, *map(re.escape, _LOCKS)]
+        + [r"events\.out\.tfevents\..*"]  # TensorBoard's event files
+    )
 )
+# Folders all of whose content is the run's (or the sweep's).
+TRACKER_FOLDERS = (*names.TRACKER_FOLDERS, names.SWEEP_LOGS)
 # Records with common names: refused inside a run, sweep or output folder (MARKS).
 FOLDER_RECORD = re.compile(
-    r"config\.yaml|metrics\.csv|runs\.csv|curves\.png|results\.csv|best\.yaml|sweep_array\.sh"
-    r"|\.tracked_step|tb|wandb|mlruns|logs"
+    "|".join(
+        re.escape(name)
+        for name in (
+            names.CONFIG,
+            names.METRICS,
+            names.RUNS,
+            names.CURVES,
+            names.RESULTS,
+            names.BEST_CONFIG,
+            names.ARRAY_SCRIPT,
+            names.TRACKED_STEP,
+            *TRACKER_FOLDERS,
+        )
+    )
 )
-TRACKER_FOLDERS = ("tb", "wandb", "mlruns", "logs")  # all they hold is the run's
 # A folder holding one of these is a run folder (config.yaml, .lock, step files), a sweep
 # folder (sweep.json) or an output folder (runs.csv).
-MARKS = ("config.yaml", ".lock", "sweep.json", "runs.csv", ".sweep.lock")
+MARKS = (names.CONFIG, names.RUN_LOCK, names.SWEEP, names.RUNS, names.SWEEP_LOCK)
 
 
 def is_run_area(folder: Path) -> bool:
-    """Whether `folder` is a run, sweep or output folder (it holds one of their records)."""
+    """Whether `folder` is a run, sweep or output folder (it holds one of their records, or
+    a step checkpoint: last.pt and best.pt are names anyone may give a file)."""
     if any((folder / mark).exists() for mark in MARKS):
         return True
     try:
-        return any(CHECKPOINT.fullmatch(entry.name) for entry in os.scandir(folder))
+        return any(names.STEP_FILE.fullmatch(entry.name) for entry in os.scandir(folder))
     except OSError:  # not there (yet), not a folder, not readable
         return False
+
+
+def training_checkpoint(path: Path) -> bool:
+    """Whether the existing file `path` is a checkpoint that training saved (it holds the
+    optimizer's state, or names its shards): memory-mapped, so a large one is not read."""
+    if not path.is_file():
+        return False
+    import torch  # only here: most tools' outputs are checked without it
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch file, truncated, pickled objects: no training checkpoint
+        return False
+    return isinstance(state, dict) and ("optimizer" in state or "shards" in state)
 
 
 def run_file(path: Path) -> str | None:
     """What `path` is to a run when it is a checkpoint or a record of one (existing or not):
     a phrase for the error line; None for any other path."""
     name, folder = path.name, path.parent
-    if CHECKPOINT.fullmatch(name):
+    # A checkpoint's name is a run's inside a run folder; elsewhere (deploy/best.pt) only an
+    # existing training checkpoint is.
+    if CHECKPOINT.fullmatch(name) and (is_run_area(folder) or training_checkpoint(path)):
         return f"a checkpoint of a run ({name})"
     if SHARDS.fullmatch(name) or any(SHARDS.fullmatch(p.name) for p in path.parents):
         return "a checkpoint's shard folder or inside one"

@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import ConfigError, UserError
-from ..utils import signals
+from ..errors import EXIT_STOPPED, ConfigError, UserError
+from ..utils import run_files, signals
 from . import sweep_manifest, sweep_report
 from .sweep_plan import SBATCH_MISSING, plan, slots_for
 
-EXIT_PREEMPTED = 75
 # A record "running" that no process runs was left by a sweep that was killed: resumed too.
 UNFINISHED = ("pending", "running")
 
@@ -126,7 +125,7 @@ class Sweep:
             self._held = None
 
     def _write(self, manifest: dict) -> None:
-        sweep_manifest.write(self.dir / "sweep.json", manifest)
+        sweep_manifest.write(self.dir / run_files.SWEEP, manifest)
 
     def update(self, trial: dict, **fields) -> None:
         trial.update(fields)
@@ -150,7 +149,7 @@ class Sweep:
             self._say_stopped(todo)
             if self.halt:
                 raise UserError(self.halt[1])
-            return EXIT_PREEMPTED
+            return EXIT_STOPPED
         if args.run_index is not None:
             return todo[0]["exit_code"] or 0 if todo else 0
         status = sweep_report.report(self.dir, self.trials)
@@ -238,7 +237,7 @@ class Sweep:
 
     def _say_stopped(self, todo: list[dict]) -> None:
         cause = self.stop_cause()
-        saved = [i for i in self._started if self._trial(i)["exit_code"] == EXIT_PREEMPTED]
+        saved = [i for i in self._started if self._trial(i)["exit_code"] == EXIT_STOPPED]
         waiting = [t["id"] for t in todo if t["id"] not in self._started]
         print(
             f"sweep stopped{cause}: {len(saved)} trial(s) saved and stopped"
@@ -248,7 +247,7 @@ class Sweep:
         )
 
     def _start(self, trial: dict, slot: dict) -> tuple:
-        logs = self.dir / "logs"
+        logs = self.dir / run_files.SWEEP_LOGS
         logs.mkdir(exist_ok=True)
         out = (logs / f"{trial['id']}.out").open("a")
         err = (logs / f"{trial['id']}.err").open("w+")
@@ -275,12 +274,13 @@ class Sweep:
         if code == 0:
             self.update(trial, state="done", exit_code=0)
             print(f"{trial['id']}: done in {seconds:.1f}s")
-        elif code in (EXIT_PREEMPTED, 130) or code < 0:  # stopped or killed: resume next time
+        elif code in (EXIT_STOPPED, 130) or code < 0:  # stopped or killed: resume next time
             self.update(trial, state="pending", exit_code=code, error="interrupted")
-            how = "saved and stopped" if code == EXIT_PREEMPTED else "interrupted"
+            how = "saved and stopped" if code == EXIT_STOPPED else "interrupted"
             print(f"{trial['id']}: {how} (exit {code}); it resumes when the sweep reruns")
         else:
-            line = sweep_manifest.error_line(self.dir / "logs" / f"{trial['id']}.err")
+            log = self.dir / run_files.SWEEP_LOGS / f"{trial['id']}.err"
+            line = sweep_manifest.error_line(log)
             failed_write = sweep_manifest.failed_write(line)
             state = "pending" if failed_write else "failed"  # a failed write is tried again
             self.update(trial, state=state, exit_code=code, error=line)

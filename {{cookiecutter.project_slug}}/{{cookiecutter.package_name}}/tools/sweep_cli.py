@@ -1,27 +1,30 @@
 """scripts/sweep.py: the arguments, and which sweep they ask for: a grid or random search
 (sweep.py), an Optuna study (sweep_optuna.py), a SLURM array, or the report of a sweep's
-folder alone. Stop signals are noted from the start to the end: one during start-up stops the
-sweep before its first trial (exit 75), one during the report lets the report finish."""
+folder alone. Stop signals are noted from the start to the end (the script holds them from
+before its imports, as the tools do: cli.hold_signals): one during start-up stops the sweep
+before its first trial (exit 75), one during the report lets the report finish."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..utils import signals
+from ..errors import EXIT_STOPPED, ConfigError
+from ..utils import run_files, signals
+from . import cli
 from .cli import guard
 
-# SIGHUP: a closed terminal stops the trials (in their own sessions, they would not hear it).
-STOP_SIGNALS = (*signals.SIGNALS, *(s for s in signals.KEEP_IGNORED if s not in signals.SIGNALS))
+# SIGHUP too: a closed terminal stops the trials (in their own sessions, they would not hear it).
+STOP_SIGNALS = (*signals.SIGNALS, *signals.HANGUP)
 
 
 def main(root: Path, argv: list[str] | None = None) -> int:
     """The sweep's exit code. The signals' handlers are this call's: restored on return (only
     the main thread has them: called from another, it runs without)."""
-    stops: list[int] = []  # the stop signals received, in order: the sweep's to act on
+    # The stop signals received, in order (those the script's hold_signals() noted first):
+    # the sweep's to act on.
+    stops: list[int] = cli.take_held()
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = signals.catch(STOP_SIGNALS, lambda signum, frame: stops.append(signum))
@@ -35,7 +38,7 @@ def main(root: Path, argv: list[str] | None = None) -> int:
 def _run(root: Path, args, stops: list[int]) -> int:
     # Imported here, with the signals held: a stop while they load is noted, not fatal.
     from . import sweep_report
-    from .sweep import EXIT_PREEMPTED, Sweep, sweep_folder
+    from .sweep import Sweep, sweep_folder
     from .sweep_plan import submit_array
 
     if args.optuna and not args.report:
@@ -51,7 +54,7 @@ def _run(root: Path, args, stops: list[int]) -> int:
         return 0
     if args.slurm and stops:  # stopped while it started: nothing submitted
         print(f"sweep stopped{sweep.stop_cause()} before submitting; run the same command again")
-        return EXIT_PREEMPTED
+        return EXIT_STOPPED
     if args.slurm:
         return submit_array(sweep, args)
     try:
@@ -67,7 +70,7 @@ def _is_output_dir(override: str) -> bool:
 def _recorded_trials(folder: Path, name: str) -> list[dict]:
     from . import sweep_manifest
 
-    manifest = sweep_manifest.read(folder / "sweep.json")
+    manifest = sweep_manifest.read(folder / run_files.SWEEP)
     if manifest is None:
         raise ConfigError(
             f"no sweep {name!r} in {folder.parent} (no sweep.json); check --name, and give "
@@ -76,8 +79,8 @@ def _recorded_trials(folder: Path, name: str) -> list[dict]:
     return manifest["trials"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Run a hyperparameter sweep of scripts/train.py.")
+def _parser() -> cli.Parser:
+    p = cli.Parser(description="Run a hyperparameter sweep of scripts/train.py.")
     p.add_argument(
         "overrides",
         nargs="*",

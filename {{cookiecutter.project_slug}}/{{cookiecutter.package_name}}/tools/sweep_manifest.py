@@ -2,8 +2,7 @@
 traceback), files written whole or not at all, the content of the --config file the sweep was
 started with, and the locks that keep two sweep processes from trampling each other's records
 (and a trial from starting while a process left by a killed sweep still saves its run). An
-Optuna sweep's study.db is checked before it is used: damaged, locked, or another sweep's,
-it is one line too, as is a failure of the study while the sweep runs."""
+Optuna sweep's study.db is sweep_study.py's."""
 
 from __future__ import annotations
 
@@ -12,13 +11,11 @@ import errno
 import hashlib
 import json
 import os
-import sqlite3
 from pathlib import Path
 
-import yaml
-
-from ..errors import ConfigError, first_line
-from ..utils import locks
+from ..config import file_settings
+from ..errors import ConfigError
+from ..utils import locks, run_files
 
 # What going without the manifest lock risks (a filesystem without locks).
 UNLOCKED_MANIFEST = "two sweep processes (SLURM array tasks) could overwrite each other's records"
@@ -29,10 +26,6 @@ TRIAL_FIELDS = {"id": str, "group": str, "settings": dict, "overrides": list, "s
 # Failed writes that every other trial of the sweep would meet too (the reasons as trials print
 # them): the sweep stops at the first, and that trial is run again when the sweep reruns.
 WRITE_FAILURES = tuple(map(os.strerror, (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)))
-# The tables of an Optuna study; how long the check of study.db waits for another process's
-# write lock on it (optuna itself waits 5 s, then fails).
-STUDY_TABLES = {"studies", "trials", "version_info"}
-LOCK_WAIT_S = 2.0
 
 
 def read(path: Path) -> dict | None:
@@ -77,11 +70,11 @@ def write(path: Path, manifest: dict) -> None:
 def locked(folder: Path):
     """sweep.json under an exclusive lock, held for one read-modify-write (None when absent)."""
     folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / ".sweep.lock"
+    lock = folder / run_files.SWEEP_LOCK
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         locks.lock(fd, lock, UNLOCKED_MANIFEST)  # serialises SLURM array tasks' updates
-        yield read(folder / "sweep.json")
+        yield read(folder / run_files.SWEEP)
     finally:
         os.close(fd)
 
@@ -93,7 +86,7 @@ def hold_sweep(folder: Path, one_trial: bool) -> int:
     it with each other. A second sweep of the same folder is refused rather than starting
     trials that the first one runs, which both would then record as failed."""
     folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / ".sweep.run.lock"
+    lock = folder / run_files.SWEEP_RUN_LOCK
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         locks.lock(fd, lock, UNLOCKED_SWEEP, wait=False, shared=one_trial)
@@ -121,23 +114,17 @@ def error_line(path: Path) -> str:
 
 
 def config_digest(config: str | None) -> str | None:
-    """A sha256 of the settings in the sweep's --config file and in the files it extends, as
-    read (so a comment or a reformatting is no change); None without a file, or when one no
-    longer reads (load_config checked them when the sweep started)."""
+    """A sha256 of the settings that the sweep's --config file gives, the files it extends
+    laid under it as load_config reads them (so a comment, a reformatting or a setting moved
+    between the files is no change); None without a file, or when it no longer reads
+    (load_config checked it when the sweep started)."""
     if config is None:
         return None
-    digest, seen, path = hashlib.sha256(), set(), Path(config)
     try:
-        while path.resolve() not in seen:
-            seen.add(path.resolve())
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            digest.update(json.dumps(data, sort_keys=True, default=str).encode())
-            if not isinstance(data, dict) or not isinstance(data.get("extends"), str):
-                break
-            path = path.parent / data["extends"]
-    except (OSError, ValueError, yaml.YAMLError):  # gone, not UTF-8, not YAML: not the same
+        settings = file_settings(config)
+    except (ConfigError, OSError):  # gone, not UTF-8, not YAML: not the same settings
         return None
-    return digest.hexdigest()
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def check_config(folder: Path, saved: dict, config: str | None, digest: str | None) -> bool:
@@ -159,100 +146,17 @@ def check_config(folder: Path, saved: dict, config: str | None, digest: str | No
 def run_busy(run_dir: Path) -> bool:
     """Whether another process holds the lock of a trial's run folder: a trial that a killed
     sweep left behind (kill -9: the trial got SIGTERM and saves), or a train.py of that run."""
-    lock = run_dir / ".lock"
+    lock = run_dir / run_files.RUN_LOCK
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        # Opened for writing, as NFS needs for a lock (its flock is an fcntl lock); the probe
+        # is shared, so that two sweep processes probing one run do not see each other.
+        fd = os.open(lock, os.O_RDWR)
     except OSError:  # no lock file: no process has trained it; other errors: the trial says
         return False
     try:
-        locks.lock(fd, lock, UNLOCKED_TRIAL, wait=False)  # released when fd closes
+        locks.lock(fd, lock, UNLOCKED_TRIAL, wait=False, shared=True)  # released when fd closes
     except BlockingIOError:
         return True
     finally:
         os.close(fd)
     return False
-
-
-def check_study(path: Path, name: str) -> None:
-    """Refuse, before anything is written, a study.db that optuna would fail on with a
-    traceback (damaged, truncated, not a file, locked by another process) or would write
-    into although it is no study of this sweep (another program's database, another sweep's
-    study). No file, or an empty one, is a new study."""
-    if not os.path.lexists(path):
-        return
-    if not path.is_file():
-        raise ConfigError(f"{str(path)!r} is not a file; {STUDY_AFRESH}")
-    try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=LOCK_WAIT_S)
-        try:
-            problem = _study_problem(con, name)
-            con.execute("BEGIN IMMEDIATE")  # the write lock another process may hold
-            con.rollback()
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        raise ConfigError(_study_line(path, exc)) from None
-    if problem:
-        raise ConfigError(f"{str(path)!r} {problem}; {STUDY_AFRESH}")
-
-
-STUDY_AFRESH = (
-    "remove it (or move it away) to start the study again from sweep.json's records: the "
-    "finished trials are kept"
-)
-
-
-def _study_problem(con, name: str) -> str | None:
-    if con.execute("PRAGMA quick_check").fetchone()[0] != "ok":
-        return "is damaged (SQLite's check of it fails)"
-    tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if tables and not tables >= STUDY_TABLES:
-        return "is not an Optuna study (another program's database?)"
-    names = [row[0] for row in con.execute("SELECT study_name FROM studies")] if tables else []
-    if names and name not in names:
-        return f"holds the Optuna study {names[0]!r}, not {name!r} (another sweep's?)"
-    return None
-
-
-def not_the_study(path: Path, trial: str) -> str:
-    return (
-        f"{str(path)!r} does not hold trial {trial} of sweep.json as it was run (another "
-        f"sweep's study.db?); {STUDY_AFRESH}"
-    )
-
-
-def _study_line(path: Path, exc: sqlite3.Error) -> str:
-    text = first_line(exc, 120)
-    if "locked" in text:
-        fix = (
-            "another process holds it (a second sweep, optuna-dashboard or sqlite3 writing to "
-            "it): wait for that process to finish, or stop it, then run the same command again"
-        )
-    elif "full" in text:
-        fix = "free space on that disk, then run the same command again"
-    elif "readonly" in text or "unable to open" in text:
-        fix = "make it and its folder writable, or remove it (a new study)"
-    else:  # "file is not a database", "database disk image is malformed"
-        fix = STUDY_AFRESH
-    return f"the sweep's Optuna study {str(path)!r} cannot be used ({text}); {fix}"
-
-
-@contextlib.contextmanager
-def study_errors(path: Path):
-    """A study error while the sweep runs (study.db locked or damaged meanwhile, a full disk,
-    a schema of another optuna version) as one line, not SQLAlchemy's traceback."""
-    try:
-        yield
-    except Exception as exc:
-        cause, seen = exc, set()
-        while cause is not None and not isinstance(cause, sqlite3.Error) and id(cause) not in seen:
-            seen.add(id(cause))
-            cause = cause.__cause__ or cause.__context__
-        if isinstance(cause, sqlite3.Error):
-            raise ConfigError(_study_line(path, cause)) from None
-        if isinstance(exc, RuntimeError) and "table schema" in str(exc):
-            raise ConfigError(
-                f"{str(path)!r} was set up by another version of optuna: {first_line(exc, 300)} "
-                f"(or {STUDY_AFRESH})"
-            ) from None
-        raise

@@ -11,7 +11,7 @@ pruner stops gets SIGTERM, saves and exits, and is recorded as pruned.
 
 sweep.json is the record of what ran: each start makes the study agree with it (a sweep killed
 mid-trial leaves its Optuna trial RUNNING); a study.db that cannot be used is one line
-(sweep_manifest.check_study).
+(sweep_study.check_study).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import ConfigError, UserError
-from . import sweep_manifest, sweep_report
-from .sweep import EXIT_PREEMPTED, UNFINISHED, Sweep, sweep_folder
+from ..errors import EXIT_STOPPED, ConfigError, UserError
+from ..utils import run_files
+from . import sweep_manifest, sweep_report, sweep_study
+from .sweep import UNFINISHED, Sweep, sweep_folder
 from .sweep_plan import distributions, param_text, range_spec, split, value_text
 
 INSTALL = "pip install -e '.[sweep]'"
@@ -50,12 +51,12 @@ def run_study(root: Path, args, stops: list[int] | None = None) -> int:
     sweep.signals = stops if stops is not None else sweep.signals
     optuna = import_optuna()
     metric, mode = load_config(sweep.config, sweep.fixed).best()
-    path = sweep.dir / "study.db"
+    path = sweep.dir / run_files.STUDY
     sweep._held = sweep_manifest.hold_sweep(sweep.dir, one_trial=False)
     try:
-        sweep_manifest.check_study(path, args.name)  # before anything is written
+        sweep_study.check_study(path, args.name)  # before anything is written
         sweep.trials = _merge(sweep, axes)
-        with sweep_manifest.study_errors(path):
+        with sweep_study.study_errors(path):
             study = optuna.create_study(
                 storage=f"sqlite:///{path}",
                 study_name=args.name,
@@ -129,7 +130,7 @@ def _agree(sweep: Sweep, study, optuna, dists: dict, metric: str) -> None:
     for record in recorded:
         trial = trials.get(record["number"])
         if trial is None or trial.params != record["params"]:
-            raise ConfigError(sweep_manifest.not_the_study(sweep.dir / "study.db", record["id"]))
+            raise ConfigError(sweep_study.not_the_study(sweep.dir / run_files.STUDY, record["id"]))
     by_number = {r["number"]: r for r in recorded}
     for number, trial in trials.items():
         if trial.state == states.RUNNING:
@@ -160,7 +161,7 @@ def _rebuild(sweep: Sweep, study, optuna, dists: dict, metric: str) -> None:
         if record["state"] in UNFINISHED:
             continue
         state, value = _ended(sweep, record, metric)
-        curve = step_values(sweep.dir / record["id"] / "metrics.csv", metric)
+        curve = step_values(sweep.dir / record["id"] / run_files.METRICS, metric)
         study.add_trial(
             optuna.trial.create_trial(
                 state=getattr(optuna.trial.TrialState, state), value=value,
@@ -194,7 +195,7 @@ def _run(sweep: Sweep, study, optuna, dists: dict, n: int, metric: str) -> int:
         )
         if sweep.halt:
             raise UserError(sweep.halt[1])
-        return EXIT_PREEMPTED
+        return EXIT_STOPPED
     status = sweep_report.report(sweep.dir, sweep.trials)
     failed = [t["id"] for t in sweep.trials if t["state"] == "failed"]
     return 1 if failed else status
@@ -231,7 +232,7 @@ def _run_trial(sweep: Sweep, study, optuna, asked, trial: dict, metric: str) -> 
     """Run one trial, reporting each validation value; tell Optuna how it ended."""
     running = {0: sweep._start(trial, {})}
     proc, reported, pruned = running[0][1], {}, False
-    metrics = sweep.dir / trial["id"] / "metrics.csv"
+    metrics = sweep.dir / trial["id"] / run_files.METRICS
     try:
         while proc.poll() is None:
             if sweep.signals:

@@ -14,7 +14,7 @@ import subprocess
 
 from ..config import load_config
 from ..errors import ConfigError
-from ..utils import locks
+from ..utils import locks, run_files
 
 # Set per trial by the sweep: a fixed override of one of these would be overwritten.
 PER_TRIAL = ("run.name", "train.resume")
@@ -199,11 +199,11 @@ def submit_array(sweep, args) -> int:
     for flag in ("trials", "seed", "seeds", "kfold"):
         same += [f"--{flag}", str(getattr(args, flag))]
     same += args.overrides
-    script = sweep.dir / "sweep_array.sh"
+    script = sweep.dir / run_files.ARRAY_SCRIPT
     fields = {
         "@NAME@": args.name,
         "@LAST@": str(len(sweep.trials) - 1),
-        "@LOGS@": str(sweep.dir / "logs"),
+        "@LOGS@": str(sweep.dir / run_files.SWEEP_LOGS),
         "@ROOT@": shlex.quote(str(sweep.root)),
         "@ARGS@": shlex.join(same),
     }
@@ -211,7 +211,7 @@ def submit_array(sweep, args) -> int:
     for placeholder, value in fields.items():
         text = text.replace(placeholder, value)
     locks.replace_text(script, text)
-    (sweep.dir / "logs").mkdir(exist_ok=True)
+    (sweep.dir / run_files.SWEEP_LOGS).mkdir(exist_ok=True)
     print(f"wrote {script} ({len(sweep.trials)} array tasks)")
     if args.no_submit:
         print(f"submit it with: sbatch {script}")

@@ -17,7 +17,7 @@ import yaml
 
 from ..config import components, from_dict
 from ..errors import UserError, first_line
-from ..utils import locks
+from ..utils import locks, run_files
 from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
@@ -62,7 +62,7 @@ def report(sweep_dir: Path, trials: list[dict]) -> int:
     print(table(rows, keys, metric, mode))
     for line in ties(rows, order):
         print(line)
-    _write_csv(sweep_dir / "results.csv", rows, keys, metric)
+    _write_csv(sweep_dir / run_files.RESULTS, rows, keys, metric)
     best = rows[0]
     if best["n"]:
         _write_best(sweep_dir, best)
@@ -209,7 +209,9 @@ def _write_best(sweep_dir: Path, best: dict) -> None:
         "# The whole config (the sweep's --config file and settings included), so it trains\n"
         "# the same after that file changes: python scripts/train.py --config best.yaml\n"
     )
-    locks.replace_text(sweep_dir / "best.yaml", header + yaml.safe_dump(config, sort_keys=False))
+    locks.replace_text(
+        sweep_dir / run_files.BEST_CONFIG, header + yaml.safe_dump(config, sort_keys=False)
+    )
 
 
 def plot(sweep_dir: Path, rows: list[dict], keys: list[str], metric: str) -> None:

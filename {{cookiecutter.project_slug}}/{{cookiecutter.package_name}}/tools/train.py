@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..errors import EXIT_STOPPED
 from .cli import guard, make_parser
 from .evaluate import evaluate_checkpoint
 
@@ -26,7 +27,7 @@ def train_main(argv: list[str] | None = None) -> int:
     def run() -> int:
         from ..config import load_config
         from ..distributed import lost_peer
-        from ..trainer import COMPLETE, EXIT_PREEMPTED, fit
+        from ..trainer import COMPLETE, fit
 
         cfg = load_config(args.config, args.overrides)
         where["path"] = Path(cfg.run.output_dir) / cfg.run.name
@@ -39,8 +40,8 @@ def train_main(argv: list[str] | None = None) -> int:
             if line is None:
                 raise
             print(f"error: {line}", file=sys.stderr)
-            return EXIT_PREEMPTED
-        return EXIT_PREEMPTED if result["stopped"] not in COMPLETE else 0
+            return EXIT_STOPPED
+        return EXIT_STOPPED if result["stopped"] not in COMPLETE else 0
 
     return guard(run, args.debug, where)
 

@@ -15,7 +15,10 @@ try:
 except ImportError:  # pragma: no cover  (Windows: no locks, nothing to warn about)
     fcntl = None
 
-# What flock raises where the filesystem cannot lock at all (not a lock someone holds).
+# What flock raises where the filesystem cannot lock at all (not a lock someone holds): NFS
+# without its lock daemon ENOLCK, Lustre without -o flock ENOSYS, FUSE and SMB mounts
+# EOPNOTSUPP. (Linux's NFS client makes flock an fcntl lock: an exclusive one needs the file
+# open for writing, EBADF otherwise, the caller's mistake and not the filesystem's.)
 NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", 0)}
 _warned: set[str] = set()
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import locks
+from . import locks, run_files
 from .plots import INSTALL_HINT, available, plot_curves
 from .trackers import open_trackers
 
@@ -23,7 +23,7 @@ from .trackers import open_trackers
 REDRAW_EVERY_S = 30.0
 # The last step given to the trackers, beside the checkpoints: a resume from an earlier step
 # finds out that they hold steps it will log again.
-TRACKED_STEP = ".tracked_step"
+TRACKED_STEP = run_files.TRACKED_STEP
 # What a damaged record raises when read: a cell that is not a number, bytes that are not
 # UTF-8 (UnicodeDecodeError is a ValueError), a NUL byte or a broken quote (csv.Error).
 DAMAGED = (ValueError, csv.Error)
@@ -54,11 +54,11 @@ class MetricLogger:
         self._drawn_at, self._stale = self._opened, False  # curves.png vs metrics.csv
         if run_dir is not None:
             # Found now, before an epoch's work, rather than when the first row is due.
-            for path in (run_dir / "metrics.csv", run_dir.parent / "runs.csv"):
+            for path in (run_dir / run_files.METRICS, run_dir.parent / run_files.RUNS):
                 if path.is_dir():
                     raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
             # Wall time continues across resumes (the time between attempts is not counted).
-            self._elapsed = _rewind(run_dir / "metrics.csv", start_step)
+            self._elapsed = _rewind(run_dir / run_files.METRICS, start_step)
             self.curves = available()
             if not self.curves:
                 print(f"note: no curves.png without matplotlib; to draw it: {INSTALL_HINT}")
@@ -95,7 +95,7 @@ class MetricLogger:
             return
         row = {**row, "time/elapsed_s": self._elapsed + time.perf_counter() - self._opened}
         self.scalars(int(row["step"]), {k: v for k, v in row.items() if "/" in k})
-        _append_csv(self.run_dir / "metrics.csv", row)
+        _append_csv(self.run_dir / run_files.METRICS, row)
         self._stale = True
         if time.perf_counter() - self._drawn_at >= REDRAW_EVERY_S:
             self._draw_curves()
@@ -108,7 +108,7 @@ class MetricLogger:
         if not (self.curves and self._stale):
             return
         try:
-            plot_curves(self.run_dir / "metrics.csv", self.run_dir / "curves.png")
+            plot_curves(self.run_dir / run_files.METRICS, self.run_dir / run_files.CURVES)
         except Exception as exc:  # a plot is never worth a training run: note it, go on
             print(f"warning: curves.png not drawn ({type(exc).__name__}: {exc}); no more tries")
             self.curves = False
@@ -148,12 +148,15 @@ def _rewound(run_dir: Path, ids: dict, step: int) -> tuple[dict, dict | None]:
 def record_run(output_dir: Path, row: dict) -> None:
     """The run's line in <output_dir>/runs.csv, the table of experiments: one row
     per run, replaced when the run is extended, under one header (the union of all rows')."""
-    path = output_dir / "runs.csv"
+    path = output_dir / run_files.RUNS
     row = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **row}
-    folder = os.open(output_dir, os.O_RDONLY)  # locked while the table is rewritten
+    # A lock file opened for writing: NFS emulates flock with fcntl locks, and an exclusive
+    # one needs a writable descriptor (a folder's, or one opened read-only, gets EBADF).
+    lock = output_dir / run_files.RUNS_LOCK
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         # Serialises runs.csv updates of runs that end at the same time.
-        locks.lock(folder, output_dir, "two runs ending at once could lose a row of runs.csv")
+        locks.lock(fd, lock, "two runs ending at once could lose a row of runs.csv")
         try:
             rows = [r for r in _read_csv(path) if r.get("run") != str(row["run"])]
         except DAMAGED as exc:  # the run's own result counts more than the old table
@@ -163,7 +166,7 @@ def record_run(output_dir: Path, row: dict) -> None:
         header = list(dict.fromkeys(key for r in rows for key in r))
         _write_csv(path, header, rows)
     finally:
-        os.close(folder)  # releases the lock
+        os.close(fd)  # releases the lock
 
 
 def human_count(n: int) -> str:
@@ -217,7 +220,7 @@ def _rewind(path: Path, step: int) -> float:
 def _set_aside(path: Path, exc: Exception) -> None:
     """Rename `path` to <name>.damaged, or .damaged.2, .3 ... where an earlier one is kept:
     each damaged record stays for a look, none replaces another."""
-    damaged, n = path.with_name(f"{path.name}.damaged"), 1
+    damaged, n = path.with_name(f"{path.name}.damaged"), 1  # run_files.DAMAGED
     while damaged.exists():
         n += 1
         damaged = path.with_name(f"{path.name}.damaged.{n}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import signal
 
@@ -17,6 +16,9 @@ def _named(*names: str) -> tuple:
 
 
 SIGNALS = _named("SIGTERM", "SIGUSR1", "SIGINT")
+# A closed terminal: the sweep stops on it too (its trials, in their own sessions, would not
+# hear it).
+HANGUP = _named("SIGHUP")
 # Ignored by the shell that started us (a background job `cmd &`, nohup): they stay ignored.
 KEEP_IGNORED = _named("SIGINT", "SIGHUP")
 
@@ -90,6 +92,8 @@ def stop_with_parent():
     """A Popen preexec_fn (Linux; None elsewhere) for a child in its own session, which its
     parent's signals do not reach: if the parent dies without passing a stop on (kill -9),
     the child gets SIGTERM, so it saves and stops rather than run on unattended."""
+    import ctypes  # here: the scripts import this module before anything slow
+
     parent = os.getpid()
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl

@@ -1,0 +1,45 @@
+"""The names of the files that training and sweeps keep in their folders, in one place: the
+code that writes each file and tools/outputs.py (which refuses to write over any of them)
+take them from here. Imports no torch: the tools read it at start-up.
+
+A run folder, <run.output_dir>/<run.name>/: the step checkpoints, last.pt and best.pt, under
+train.strategy=fsdp a shard folder beside each step file, config.yaml, metrics.csv,
+curves.png, the trackers' folders and .lock. Its output folder (<run.output_dir>/) holds
+runs.csv and its lock; a sweep folder, sweep.json, its locks and its results.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Step checkpoints as RunFolder.save names them (step_file); other files named step-* (an
+# export's step-N.torchscript.pt, consolidate's step-N.full.pt) are not step checkpoints.
+STEP_FILE = re.compile(r"step-\d{8,}\.pt")
+SHARD_FOLDER = re.compile(r"step-\d{8,}\.dcp")  # train.strategy=fsdp: a step file's shards
+SET_ASIDE = ".bad"  # a checkpoint that failed to load, renamed aside by a resume
+LAST, BEST = "last.pt", "best.pt"
+RUN_LOCK = ".lock"  # held by the process that trains the run
+CONFIG = "config.yaml"
+METRICS = "metrics.csv"
+CURVES = "curves.png"
+TRACKED_STEP = ".tracked_step"  # the last step given to the experiment trackers
+TRACKER_FOLDERS = ("tb", "wandb", "mlruns")  # TensorBoard's and the trackers' folders
+# The output folder's table of runs, and the lock its rewrites take.
+RUNS = "runs.csv"
+RUNS_LOCK = ".runs.lock"
+# A record that failed to read, renamed aside: runs.csv.damaged, then .damaged.2, .3 ...
+DAMAGED = re.compile(r".+\.damaged(\.\d+)?")
+# A sweep folder's records.
+SWEEP = "sweep.json"
+SWEEP_LOCK = ".sweep.lock"  # held for one read-modify-write of sweep.json
+SWEEP_RUN_LOCK = ".sweep.run.lock"  # held while a process runs the sweep
+STUDY = "study.db"  # --optuna; SQLite keeps -journal, -wal and -shm files beside it
+RESULTS = "results.csv"
+BEST_CONFIG = "best.yaml"
+ARRAY_SCRIPT = "sweep_array.sh"
+SWEEP_LOGS = "logs"  # each trial's output (and a SLURM array's)
+
+
+def step_file(step: int) -> str:
+    """The name of step `step`'s checkpoint (STEP_FILE)."""
+    return f"step-{step:08d}.pt"

@@ -25,6 +25,7 @@ from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
 from {{ cookiecutter.package_name }} import checkpoint, distributed, models, parallel
+from {{ cookiecutter.package_name }}.activation_checkpointing import checkpoint_blocks
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
@@ -551,7 +552,7 @@ def saved_for_backward(activation_checkpointing: bool) -> tuple[int, list[torch.
     torch.manual_seed(0)
     net = model("cnn", 2)
     if activation_checkpointing:
-        models.checkpoint_blocks(net)
+        checkpoint_blocks(net)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         loss = net(torch.ones(4, 3, 8, 8)).sum()
@@ -573,7 +574,7 @@ def trained(
     torch.manual_seed(0)
     net = model("cnn", 2)
     if activation_checkpointing:
-        models.checkpoint_blocks(net)
+        checkpoint_blocks(net)
     forward = torch.compile(net) if compiled else net
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     batches = torch.Generator().manual_seed(1)

@@ -22,10 +22,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed
+from .activation_checkpointing import checkpoint_blocks
 from .config import TrainConfig
 from .data import empty_batch
 from .errors import ConfigError, UserError
-from .models import blocks, checkpoint_blocks
+from .models import blocks
 from .utils.device import AMP_DTYPES, check_torch, peak_memory
 
 

@@ -93,17 +93,21 @@ def atomic_save(obj, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path, mmap: bool = False) -> dict:
     """Read a checkpoint onto the CPU with weights_only=True: tensors and plain containers only,
     never pickled code. Restoring copies each tensor to where its parameter lives, so a file
     saved on any device resumes on any other (and RNG states stay the CPU tensors torch needs).
+    `mmap`: the tensors are mapped from the file, not read (their bytes are read only where
+    used): for what reads the rest of a checkpoint without its weights.
 
     Raises CorruptCheckpoint when the bytes are not a checkpoint, CheckpointError otherwise."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} not found; check the path")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # Only torch's zip format maps (a legacy file is read whole; is_zipfile reads its end).
+        mmap = mmap and zipfile.is_zipfile(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         if "GLOBAL" in str(exc) or "Unsupported global" in str(exc):
             raise CheckpointError(

@@ -522,7 +522,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
         fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
     monkeypatch.undo()
     run_dir = Path(load_config(None, tiny).run.output_dir) / "default"
-    assert (run_dir / ".step-00000004.dcp.tmp").is_dir()
+    assert (run_dir / f".step-00000004.dcp.tmp{os.getpid()}").is_dir()
     assert not (run_dir / "step-00000004.pt").exists()
     assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 2  # still loads
     result = fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, first_line
-from ..utils.locks import fsync_dir
+from ..utils.locks import fsync_dir, temporary
 
 TRAINING_KEYS = ("model", "optimizer", "scheduler", "scaler", "progress", "config")
 
@@ -81,7 +81,7 @@ def atomic_save(obj, path: Path) -> None:
     A rename within one filesystem is atomic, so a reader (or a run killed at any instant)
     sees either the old complete file or the new complete file, never a truncated one.
     """
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)

@@ -218,17 +218,15 @@ class RunFolder:
             self._lock_fd = self._lock_id = None
 
     def remove_stale_temporaries(self) -> None:
-        """Temporary files (and shard folders) left by a run killed mid-save (never read: the
-        rename never ran)."""
-        for tmp in self.run_dir.glob(".*.tmp*"):
-            if tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.unlink(missing_ok=True)
+        """What a process killed mid-write left in the run folder (a checkpoint, a shard
+        folder, a record; never read: the rename never ran), by the one rule every writer's
+        temporaries follow (locks.remove_stale): only those whose process is gone, so a tool
+        writing into the run folder now (an export, a report) keeps its own."""
+        locks.remove_stale(self.run_dir)
 
 
 def _atomic_link(target: Path, link: Path) -> None:
-    tmp = link.with_name(f".{link.name}.tmp{os.getpid()}")
+    tmp = locks.temporary(link)
     tmp.unlink(missing_ok=True)
     try:
         os.link(target, tmp)

@@ -75,18 +75,22 @@ def is_bare_weights(state: dict) -> bool:
     return bool(state) and all(isinstance(value, torch.Tensor) for value in state.values())
 
 
-def atomic_save(obj, path: Path) -> None:
+def atomic_save(obj, path: Path, before_rename=None) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`.
 
     A rename within one filesystem is atomic, so a reader (or a run killed at any instant)
     sees either the old complete file or the new complete file, never a truncated one.
-    """
+    `before_rename()` runs once the bytes are on disk, before the name: if it fails, `path`
+    is left as it was (the temporary removed), and a kill in between leaves the temporary
+    (locks.remove_stale removes it once its process is gone)."""
     tmp = temporary(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:

@@ -50,27 +50,16 @@ class RunFolder:
 
     def save(self, state: dict, step: int, is_best: bool, record=None) -> Path:
         """Save `state` as step `step`'s file (and last.pt, best.pt), keep the newest
-        keep_last. `record` (the epoch's metrics row) is written between the file's bytes and
-        its name: a kill in between leaves a row past the newest checkpoint, which a resume
-        drops and logs again (a row after the name would be lost for good), and a failed
-        write of the file leaves the record as it was."""
+        keep_last. `record()` (writes the epoch's metrics row) runs between the file's bytes
+        and its name: a kill in between leaves a row past the newest checkpoint, which a
+        resume drops and logs again (a row after the name would be lost for good), and a
+        failed write of the file leaves the record as it was."""
         problem = self.lost()
         if problem:  # never recreate a folder this process no longer holds
             raise CheckpointError(problem)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / f"step-{step:08d}.pt"
-        if record is None:
-            files.atomic_save(state, path)
-        else:  # a stale temporary if killed before the rename: removed by the next open()
-            pending = path.with_name(f".{path.name}.tmp-pending{os.getpid()}")
-            files.atomic_save(state, pending)
-            try:
-                record()
-            except BaseException:
-                pending.unlink(missing_ok=True)
-                raise
-            os.replace(pending, path)
-            locks.fsync_dir(self.run_dir)
+        files.atomic_save(state, path, before_rename=record)
         _atomic_link(path, self.run_dir / "last.pt")
         if is_best:
             _atomic_link(path, self.run_dir / "best.pt")

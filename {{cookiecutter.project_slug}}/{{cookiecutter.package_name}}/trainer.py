@@ -272,7 +272,7 @@ def open_run_folder(
     """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on
     (its trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
     ckpts.open()
-    log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids)
+    log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids, ckpts.lost)
     ckpts.write_config()
     return log
 

@@ -119,8 +119,8 @@ raise SystemExit(train_main(sys.argv[2:]))
 
 
 # Each rank's peak resident memory (ru_maxrss) before the trainer builds its data (which
-# reads train.init_from's data part) and after it builds and shards the model, and the line
-# the trainer prints about it; then it leaves.
+# reads train.init_from's data part), after that, and after it builds and shards the model,
+# and the line the trainer prints about it; then it leaves.
 START_UP = """\
 import json
 import resource
@@ -140,9 +140,10 @@ try:
     trainer.prepare_process(cfg, dist, device)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     data = trainer.build_loaders(cfg, dist, device)
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trainee = trainer.build_trainee(cfg, data, dist, device, None)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    peaks = {"before": before, "after": after}
+    peaks = {"before": before, "loaded": loaded, "after": after}
     (out / f"rank{dist.rank}.json").write_text(json.dumps(peaks))
 finally:
     distributed.teardown()
@@ -282,9 +283,10 @@ def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path, in
     """A 250 MB model on 2 ranks: rank 0 builds it in host memory (with train.init_from's
     weights: every rank reads the file's data part, rank 0 alone its weights), rank 1 only
     receives its half, one tensor (17 MB) at a time. The peak resident memory (ru_maxrss:
-    robust to what the allocator keeps or returns) that the data, the build and the sharding
-    add on rank 1 stays well under the model's size, which it exceeded when every rank built
-    the model, or read init_from whole."""
+    robust to what the allocator keeps or returns) that building the data adds stays far
+    under the model's size on every rank, which it exceeded when each read init_from whole;
+    what building and sharding the model adds on rank 1 stays well under it, which it
+    exceeded when every rank built the model."""
     args = [*TINY, "model.name=mlp", "model.width=2048", "model.depth=16"]
     args += ["train.strategy=fsdp", f"run.output_dir={tmp_path / 'runs'}"]
     with torch.device("meta"):
@@ -299,8 +301,11 @@ def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path, in
     script.write_text(START_UP)
     proc = torchrun(STANDALONE, script, tmp_path, *args)
     peaks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
-    grown = [rank["after"] - rank["before"] for rank in peaks]
-    print(f"model {size / 2**20:.0f} MB; peak grew by {[f'{g / 2**20:.0f} MB' for g in grown]}")
+    data = [rank["loaded"] - rank["before"] for rank in peaks]
+    grown = [rank["after"] - rank["loaded"] for rank in peaks]
+    mb = lambda sizes: [f"{size / 2**20:.0f} MB" for size in sizes]  # noqa: E731
+    print(f"model {size / 2**20:.0f} MB; peaks grew by {mb(data)} (data), {mb(grown)} (model)")
+    assert max(data) < 0.25 * size, (data, size)
     assert grown[1] < 0.75 * size, (grown, size)
     # The full model in host memory and its half; with init_from also the file's weights.
     assert grown[0] < (3 if init_from else 2) * size, (grown, size)

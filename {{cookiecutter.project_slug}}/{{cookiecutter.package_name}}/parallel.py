@@ -115,7 +115,7 @@ def _on_rank_0(make):
     if error is not None and not isinstance(error, UserError):
         told = distributed.RankFailed(
             f"rank 0 failed building the model ({type(error).__name__}: {first_line(error)}); "
-            "its traceback is in rank 0's output"
+            "see rank 0's output"
         )
     told = distributed.broadcast_object(told)
     if error is not None:

@@ -81,6 +81,7 @@ EXPECTED = {
     "PKG/checkpoint/shard_reader.py",
     "PKG/distributed.py",
     "PKG/parallel.py",
+    "PKG/activation_checkpointing.py",
     "PKG/errors.py",
     "PKG/trainer.py",
     "PKG/loop.py",

@@ -25,6 +25,7 @@ from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
 from {{ cookiecutter.package_name }} import checkpoint, distributed, models, parallel
+from {{ cookiecutter.package_name }}.activation_checkpointing import checkpoint_blocks
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
@@ -117,8 +118,9 @@ raise SystemExit(train_main(sys.argv[2:]))
 """
 
 
-# Each rank's peak resident memory (ru_maxrss) before and after the trainer builds and
-# shards the model, and the line the trainer prints about it; then it leaves.
+# Each rank's peak resident memory (ru_maxrss) before the trainer builds its data (which
+# reads train.init_from's data part), after that, and after it builds and shards the model,
+# and the line the trainer prints about it; then it leaves.
 START_UP = """\
 import json
 import resource
@@ -136,11 +138,12 @@ out, cfg = Path(sys.argv[1]), load_config(None, sys.argv[2:])
 dist, device = distributed.setup(cfg.run.device)
 try:
     trainer.prepare_process(cfg, dist, device)
-    data = trainer.build_loaders(cfg, dist, device)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    data = trainer.build_loaders(cfg, dist, device)
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trainee = trainer.build_trainee(cfg, data, dist, device, None)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    peaks = {"before": before, "after": after}
+    peaks = {"before": before, "loaded": loaded, "after": after}
     (out / f"rank{dist.rank}.json").write_text(json.dumps(peaks))
 finally:
     distributed.teardown()
@@ -275,27 +278,44 @@ def test_each_rank_holds_about_half_the_parameter_and_optimizer_bytes_of_ddp(fsd
 
 @slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB: Linux")
-def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path):
-    """A 250 MB model on 2 ranks: rank 0 builds it in host memory, rank 1 only receives its
-    half, one tensor (17 MB) at a time. The peak resident memory (ru_maxrss: robust to what
-    the allocator keeps or returns) that building and sharding adds on rank 1 stays well
-    under the model's size, which it exceeded when every rank built the model."""
+@pytest.mark.parametrize("init_from", [False, True], ids=["seeded", "init_from"])
+def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path, init_from):
+    """A 250 MB model on 2 ranks: rank 0 builds it in host memory (with train.init_from's
+    weights: every rank reads the file's data part, rank 0 alone its weights), rank 1 only
+    receives its half, one tensor (17 MB) at a time. The peak resident memory (ru_maxrss:
+    robust to what the allocator keeps or returns) that building the data adds stays far
+    under the model's size on every rank, which it exceeded when each read init_from whole;
+    what building and sharding the model adds on rank 1 stays under it and a model's size
+    under rank 0's, which it was not when every rank built the model."""
     args = [*TINY, "model.name=mlp", "model.width=2048", "model.depth=16"]
     args += ["train.strategy=fsdp", f"run.output_dir={tmp_path / 'runs'}"]
-    script = tmp_path / "start_up.py"
-    script.write_text(START_UP)
-    proc = torchrun(STANDALONE, script, tmp_path, *args)
     with torch.device("meta"):
         net = build_model(load_config(None, args).model, torch.zeros(2, 3, 8, 8), 4)
     size = nbytes(net.parameters())
+    if init_from:
+        weights = {key: torch.ones(value.shape) for key, value in net.state_dict().items()}
+        torch.save({"model": weights, "data": {}}, tmp_path / "start.pt")
+        del weights
+        args.append(f"train.init_from={tmp_path / 'start.pt'}")
+    script = tmp_path / "start_up.py"
+    script.write_text(START_UP)
+    proc = torchrun(STANDALONE, script, tmp_path, *args)
     peaks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
-    grown = [rank["after"] - rank["before"] for rank in peaks]
-    print(f"model {size / 2**20:.0f} MB; peak grew by {[f'{g / 2**20:.0f} MB' for g in grown]}")
-    assert grown[1] < 0.75 * size, (grown, size)
-    assert grown[0] < 2 * size, (grown, size)  # the full model in host memory, and its half
+    data = [rank["loaded"] - rank["before"] for rank in peaks]
+    grown = [rank["after"] - rank["loaded"] for rank in peaks]
+    mb = lambda sizes: [f"{size / 2**20:.0f} MB" for size in sizes]  # noqa: E731
+    print(f"model {size / 2**20:.0f} MB; peaks grew by {mb(data)} (data), {mb(grown)} (model)")
+    assert max(data) < 0.25 * size, (data, size)
+    # Both ranks pay the same fixed costs (the process group, the allocator's arenas: 20-70
+    # MB, more under load), so rank 1 is judged against rank 0, which alone builds the whole
+    # model: it holds a model's size less. When every rank built the model they grew alike.
+    assert grown[1] < size and grown[0] - grown[1] > 0.75 * size, (grown, size)
+    # The full model in host memory and its half; with init_from also the file's weights.
+    assert grown[0] < (3 if init_from else 2) * size, (grown, size)
     assert "start-up peak memory per rank (building and sharding the model): rank 0 " in (
         proc.stdout
     )
+    assert ("init_from " in proc.stdout) == init_from  # its weights were loaded
 
 
 @slow
@@ -315,24 +335,98 @@ def test_under_fsdp_the_grad_scaler_skips_an_overflowed_step_on_every_rank(tmp_p
     assert ranks[0]["norms"] == ranks[1]["norms"]  # the global norm, on every rank
 
 
-@slow
-def test_under_fsdp_a_bad_init_from_on_rank_0_stops_every_rank_with_one_line(tmp_path):
-    """Only rank 0 reads train.init_from: its error reaches the other rank, which exits as it
-    does (2) instead of waiting for weights that never come."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, "scripts/train.py"]
-    args = [*TINY, "train.strategy=fsdp", f"train.init_from={tmp_path / 'none.pt'}"]
+# scripts/train.py that notes, per rank, the exception leaving parallel._on_rank_0 (rank 0's
+# build of the full model) and each read of the weights of argv[2]'s file (torch.load without
+# mmap: with it, the tensors are mapped, not read); with argv[3] == "bug" the weight load
+# fails with an error that is no bad input.
+ON_RANK_0 = """\
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from {{ cookiecutter.package_name }} import checkpoint, parallel
+from {{ cookiecutter.package_name }}.tools.train import train_main
+
+out, watched, rank = Path(sys.argv[1]), sys.argv[2], os.environ["RANK"]
+load, on_rank_0 = torch.load, parallel._on_rank_0
+
+
+def noted_load(f, *args, **kwargs):
+    if str(f) == watched and not kwargs.get("mmap"):
+        (out / f"rank{rank}.read").write_text("weights read")
+    return load(f, *args, **kwargs)
+
+
+def noted_on_rank_0(make):
+    try:
+        return on_rank_0(make)
+    except Exception as exc:
+        (out / f"rank{rank}.raised").write_text(type(exc).__name__)
+        raise
+
+
+def bug(model, path):
+    checkpoint.load(path)
+    raise RuntimeError("a bug in loading the weights")
+
+
+torch.load, parallel._on_rank_0 = noted_load, noted_on_rank_0
+if sys.argv[3] == "bug":
+    checkpoint.init_from = bug
+raise SystemExit(train_main(sys.argv[4:]))
+"""
+
+
+def fail_on_rank_0(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """2 fsdp ranks from train.init_from=start.pt (a checkpoint of another model: its data
+    part reads, no weight fits), which fails as `how` says at the weight load, on rank 0
+    only; the torchrun and what left _on_rank_0 on each rank."""
+    start = tmp_path / "start.pt"
+    torch.save({"model": {"other.weight": torch.ones(3)}, "data": {}}, start)
+    script = tmp_path / "on_rank_0.py"
+    script.write_text(ON_RANK_0)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *STANDALONE, str(script)]
+    args = [*TINY, "train.strategy=fsdp", f"train.init_from={start}"]
     proc = subprocess.run(
-        [*cmd, *args, f"run.output_dir={tmp_path / 'runs'}"],
+        [*cmd, str(tmp_path), str(start), how, *args, f"run.output_dir={tmp_path / 'runs'}"],
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "none.pt' not found" in errors[0], proc.stderr[-3000:]
-    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]  # both ranks
     assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "rank1.read").exists(), "rank 1 read the weights"
+    assert (tmp_path / "rank0.read").exists()
+    raised = [(tmp_path / f"rank{r}.raised") for r in range(2)]
+    return proc, [path.read_text() if path.exists() else "" for path in raised]
+
+
+@slow
+def test_under_fsdp_a_bad_init_from_on_rank_0_stops_every_rank_with_one_line(tmp_path):
+    """Only rank 0 reads train.init_from's weights: its error reaches the other rank, which
+    exits as it does (2) instead of waiting for weights that never come."""
+    proc, raised = fail_on_rank_0(tmp_path, "bad")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no tensor fits this model" in errors[0], proc.stderr[-3000:]
+    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]  # both ranks
+    assert raised == ["CheckpointError", "CheckpointError"]
+
+
+@slow
+def test_under_fsdp_a_bug_on_rank_0_stops_every_rank_the_others_with_one_line(tmp_path):
+    """An error on rank 0 that is no bad input (a bug) keeps its traceback there; the other
+    rank stops with one line naming it instead of waiting in the broadcast."""
+    proc, raised = fail_on_rank_0(tmp_path, "bug")
+    assert raised == ["RuntimeError", "RankFailed"], proc.stderr[-3000:]
+    assert "Traceback" in proc.stderr and "a bug in loading the weights" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: rank 0 failed building the model (RuntimeError: a bug in loading the weights); "
+        "see rank 0's output"
+    ], proc.stderr[-3000:]
 
 
 @slow
@@ -436,7 +530,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_resumes_from_it
         fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
     monkeypatch.undo()
     run_dir = Path(load_config(None, tiny).run.output_dir) / "default"
-    assert (run_dir / ".step-00000004.dcp.tmp").is_dir()
+    assert (run_dir / f".step-00000004.dcp.tmp{os.getpid()}").is_dir()
     assert not (run_dir / "step-00000004.pt").exists()
     assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 2  # still loads
     result = fit(load_config(None, [*args, "train.resume=auto", "train.max_steps=4"]))
@@ -551,7 +645,7 @@ def saved_for_backward(activation_checkpointing: bool) -> tuple[int, list[torch.
     torch.manual_seed(0)
     net = model("cnn", 2)
     if activation_checkpointing:
-        models.checkpoint_blocks(net)
+        checkpoint_blocks(net)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         loss = net(torch.ones(4, 3, 8, 8)).sum()
@@ -573,7 +667,7 @@ def trained(
     torch.manual_seed(0)
     net = model("cnn", 2)
     if activation_checkpointing:
-        models.checkpoint_blocks(net)
+        checkpoint_blocks(net)
     forward = torch.compile(net) if compiled else net
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     batches = torch.Generator().manual_seed(1)

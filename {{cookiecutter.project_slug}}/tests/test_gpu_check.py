@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -335,6 +336,21 @@ def test_the_combinations_check_runs_the_suite_on_the_gpu_ranks_sharing_it(tmp_p
     assert env == {"COMBINATIONS_DEVICE": "cuda", "DIST_BACKEND": "gloo"}
 
 
+def test_each_fsdp_run_reports_the_start_up_line_of_its_own_log(tmp_path):
+    """fsdp1's and fsdp2's start-up peaks come from the first log of that run, not from
+    whichever log of the check printed such a line first."""
+    c = common.Check(CPU, tmp_path, 0)
+    line = "start-up peak memory per rank (building and sharding the model): "
+    for n, (run, peaks) in enumerate([("fsdp1", "rank 0 +9 MB"), ("fsdp2", "rank 0 +6 MB")]):
+        log, command = tmp_path / f"{n + 1}.log", f"python scripts/train.py run.name={run}"
+        log.write_text(f"$ {command}\nepoch 1/2\n{line}{peaks}\n")
+        c.started.append(SimpleNamespace(log=log, command=command))
+    assert registry.ranks.start_up_memory(c, "fsdp2") == "rank 0 +6 MB"
+    assert registry.ranks.start_up_memory(c, "fsdp1") == "rank 0 +9 MB"
+    with pytest.raises(common.Failed, match="fsdp3 printed no start-up peak memory"):
+        registry.ranks.start_up_memory(c, "fsdp3")
+
+
 @pytest.mark.slow
 def test_the_tests_check_selects_the_tests_marked_cuda_the_slow_ones_too():
     """pyproject's addopts deselect slow tests; -m cuda on the command line replaces that."""
@@ -423,9 +439,12 @@ def test_stopping_checks_on_cpu(monkeypatch, capsys, tmp_path):
 
 @pytest.mark.slow
 def test_fsdp_checks_on_cpu(monkeypatch, capsys, tmp_path):
-    rows, _ = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *ON_CPU["fsdp"])
+    rows, report = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *ON_CPU["fsdp"])
     assert all(rows[n][0] == "pass" for n in ON_CPU["fsdp"]), rows
     assert rows["fsdp"][1].startswith("2 rank(s) on gloo stopped at step")
+    assert rows["fsdp"][1].endswith("from 2-rank ddp's"), rows["fsdp"]  # weights compared
+    (target,) = [t for t in report["targets"] if t["check"] == "fsdp"]
+    assert target["pass"] and 0 <= target["value"] <= registry.ranks.FSDP_TOLERANCE
     assert rows["fsdp_bf16"][1].startswith("epoch 2/2")
 
 

@@ -73,7 +73,7 @@ def test_every_file_a_run_leaves_is_a_run_file(tmp_path):
 
 
 def test_the_step_files_outputs_refuses_are_the_ones_training_names():
-    # utils/run_files.py holds the names; RunFolder still spells its pattern itself.
+    # utils/run_files.py holds the names, and RunFolder saves and finds by them.
     assert run_folder.STEP_FILE.pattern == run_files.STEP_FILE.pattern
     assert run_files.STEP_FILE.fullmatch(run_files.step_file(12))
     assert outputs.run_file(Path("deploy") / "step-00000012.pt") is None  # no run's folder

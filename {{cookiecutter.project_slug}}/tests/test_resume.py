@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, run_script, tiny_with
+from test_outputs import dead_pid
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.checkpoint import RunFolder
@@ -122,6 +123,26 @@ def test_a_killed_run_leaves_no_stale_lock(tiny):
     proc.kill()
     proc.wait()
     assert fit(load_config(None, tiny))["epoch"] == 2  # kill -9 released the lock
+
+
+def test_a_resume_removes_only_the_temporaries_of_processes_that_are_gone(tiny):
+    """The run folder's temporaries follow the tools' rule (utils/locks.py): an export
+    writing its staging folder into the run folder now keeps it through a resume; what
+    killed processes left there (an export, a checkpoint's bytes, shards) is removed."""
+    fit(load_config(None, [*tiny, "train.max_steps=2"]))
+    folder, alive, dead = run_dir(tiny), os.getppid(), dead_pid()
+    live = folder / f".best.torchscript.pt.tmp{alive}"
+    live.mkdir()
+    (live / "best.torchscript.pt").write_bytes(b"being written")
+    stale = [folder / f".best.torchscript.pt.tmp{dead}", folder / f".step-00000003.dcp.tmp{dead}"]
+    for path in stale:
+        path.mkdir()
+        (path / "part").write_bytes(b"left by a kill")
+    stale.append(folder / f".step-00000003.pt.tmp{dead}")
+    stale[-1].write_bytes(b"half a checkpoint")
+    assert fit(load_config(None, [*tiny, "train.max_steps=3", "train.resume=auto"]))["step"] == 3
+    assert (live / "best.torchscript.pt").read_bytes() == b"being written"
+    assert not [path for path in stale if path.exists()]
 
 
 def test_a_run_folder_without_checkpoints_is_not_an_existing_run(tiny):

@@ -134,13 +134,32 @@ def test_best_terms_are_compared_as_resolved(saved, now, refused):
 # ---- the run folder removed or replaced under the run ------------------------------------
 
 
+class Tracker:
+    """An experiment tracker (utils/trackers.py) that keeps the steps it is given."""
+
+    name, id = "fake", "1"
+
+    def __init__(self):
+        self.steps = []
+
+    def log(self, values, step):
+        self.steps.append(step)
+
+    def close(self):
+        pass
+
+
 @pytest.mark.parametrize("how", ["removed", "replaced"])
 def test_a_run_folder_removed_mid_run_is_not_written_again(tiny, monkeypatch, how):
     """Removed during epoch 2: the run stops at its next write (epoch 2's row and checkpoint)
     with one line and recreates nothing; replaced (another process took the path, as a second
-    train.resume=auto would): it leaves the new folder alone."""
+    train.resume=auto would): it leaves the new folder alone. With a tracker on, the steps
+    logged until then write no .tracked_step there, and the tracker gets none of them."""
     from {{ cookiecutter.package_name }} import loop
+    from {{ cookiecutter.package_name }}.utils import logger
 
+    tracker = Tracker()
+    monkeypatch.setattr(logger, "open_trackers", lambda *args: [tracker])
     folder, read, taker = run_dir(tiny), loop.read_losses, RunFolder(run_dir(tiny), 2)
 
     def remove_at_step_20(run, *args):
@@ -159,6 +178,7 @@ def test_a_run_folder_removed_mid_run_is_not_written_again(tiny, monkeypatch, ho
             assert not folder.exists()
         else:
             assert snapshot(folder) == {folder / "metrics.csv": b"epoch,step\n"}
+        assert max(tracker.steps) == 16  # log_every=4; step 20 was logged after the removal
     finally:
         taker.unlock()
 

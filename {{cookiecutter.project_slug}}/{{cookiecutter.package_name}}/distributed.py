@@ -134,11 +134,16 @@ PEER_LOST = (
 )
 
 
+class RankFailed(RuntimeError):
+    """Raised on the other ranks when rank 0 failed with an error that is not bad input (a
+    bug, whose traceback rank 0 shows): their one line (lost_peer)."""
+
+
 def lost_peer(exc: BaseException) -> str | None:
     """One line for a collective that failed because another rank's process is gone (under
-    torchrun `kill -9` of one rank gave the others a 50-130-line traceback), or None for any
-    other error. With two ranks the lost one is the other; with more, gloo names an address,
-    not a rank."""
+    torchrun `kill -9` of one rank gave the others a 50-130-line traceback) or failed
+    (RankFailed), or None for any other error. With two ranks the lost one is the other; with
+    more, gloo names an address, not a rank."""
     try:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError):
@@ -146,6 +151,8 @@ def lost_peer(exc: BaseException) -> str | None:
     seen = []
     while exc is not None and exc not in seen and world_size > 1:
         seen.append(exc)
+        if isinstance(exc, RankFailed):
+            return str(exc)
         if isinstance(exc, RuntimeError) and any(text in str(exc) for text in PEER_LOST):
             who = f"rank {1 - rank}" if world_size == 2 else "another rank"
             return (

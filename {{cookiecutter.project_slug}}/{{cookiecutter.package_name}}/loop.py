@@ -268,7 +268,7 @@ def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[flo
 def save(loop: Loop, ckpts: CheckpointManager, is_best: bool, report=None) -> None:
     # A collective: every rank calls it. A resume continues the same tracker runs. `report`
     # (the epoch's row) is written before the checkpoint is named: a kill loses no row.
-    ckpts.check_held(loop.log)
+    ckpts.check_held()
     extra = {"data": loop.data.meta, "io": loop.data.io, "trackers": loop.log.tracker_ids()}
     ckpts.save(loop.trainee, loop.progress, extra, is_best, report)
 

@@ -22,10 +22,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed
+from .activation_checkpointing import checkpoint_blocks
 from .config import TrainConfig
 from .data import empty_batch
-from .errors import ConfigError, UserError
-from .models import blocks, checkpoint_blocks
+from .errors import ConfigError, UserError, first_line
+from .models import blocks
 from .utils.device import AMP_DTYPES, check_torch, peak_memory
 
 
@@ -100,17 +101,27 @@ def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Mod
 
 
 def _on_rank_0(make):
-    """make() on rank 0, None on the others; its error (a model that cannot run on the data, a
-    bad init_from) stops every rank with that one line, as when every rank made it."""
+    """make() on rank 0, None on the others. Its error stops every rank, none left waiting for
+    weights that never come: a UserError (a model that cannot run on the data, a bad
+    init_from) with that one line, as when every rank made it; any other error (a bug) with
+    its traceback on rank 0 and one line naming it on the others."""
     made, error = None, None
     if dist.get_rank() == 0:
         try:
             made = make()
-        except UserError as exc:
+        except Exception as exc:
             error = exc
-    error = distributed.broadcast_object(error)
+    told = error  # what the other ranks raise: an exception that pickles
+    if error is not None and not isinstance(error, UserError):
+        told = distributed.RankFailed(
+            f"rank 0 failed building the model ({type(error).__name__}: {first_line(error)}); "
+            "see rank 0's output"
+        )
+    told = distributed.broadcast_object(told)
     if error is not None:
         raise error
+    if told is not None:
+        raise told
     return made
 
 

@@ -25,7 +25,7 @@ from .checkpoint import CheckpointManager, Progress
 from .config import Config, to_dict
 from .data import build_datasets, build_loader, close_loader, example_inputs, source_of
 from .distributed import DistInfo
-from .errors import ConfigError
+from .errors import EXIT_STOPPED, ConfigError
 from .loop import Data, Loop, NonFiniteLoss, Trainee, run_epochs
 from .models import build_model, model_io
 from .optim import (
@@ -47,7 +47,7 @@ from .validation import evaluate
 
 __all__ = ["EXIT_PREEMPTED", "NonFiniteLoss", "build_data", "evaluate", "fit"]
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped (SIGTERM/SIGUSR1/Ctrl-C) after saving; rerun to resume
+EXIT_PREEMPTED = EXIT_STOPPED  # stopped (SIGTERM/SIGUSR1/Ctrl-C) after saving; rerun to resume
 COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do
 
 
@@ -132,8 +132,9 @@ def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
 
 def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None) -> Data:
     """The datasets, this rank's loaders and the task; checks the batch fits the data. The
-    inputs are read as the model continued reads them: `state`'s, else train.init_from's."""
-    like = checkpoint.load(cfg.train.init_from) if not state and cfg.train.init_from else state
+    inputs are read as the model continued reads them: `state`'s, else train.init_from's (its
+    data part: the weights are mapped, not read; under fsdp rank 0 alone loads them)."""
+    like = state or (cfg.train.init_from and checkpoint.load(cfg.train.init_from, mmap=True))
     train_set, val_set, meta, task = build_data(cfg, like=(like or {}).get("data"))
     # Each rank reads its own shard; pinned memory only helps host-to-GPU copies.
     loader_args = dict(
@@ -259,8 +260,7 @@ def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resu
         f"{data.steps_per_epoch} steps/epoch | warm-up {plan.warmup} of {plan.total} steps"
         + (f" | resumed at step {resumed_at}" if resumed_at is not None else "")
     )
-    warning = warmup_warning(cfg.train, plan.total)
-    if resumed_at is None and warning:
+    if resumed_at is None and (warning := warmup_warning(cfg.train, plan.total)):
         print(warning)
     if parallel.is_sharded(trainee.model):
         print(parallel.memory_report(trainee.model))
@@ -272,7 +272,7 @@ def open_run_folder(
     """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on
     (its trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
     ckpts.open()
-    log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids)
+    log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids, ckpts.lost)
     ckpts.write_config()
     return log
 

@@ -7,9 +7,21 @@ each, as in production."""
 from __future__ import annotations
 
 import csv
+import shlex
 
-from .common import TORCHRUN, Check, Failed, Skipped, last_epoch_line, load_last
+import torch
+
+from {{ cookiecutter.package_name }}.checkpoint import consolidate
+
+from .common import TORCHRUN, Check, Failed, Skipped, distance, last_epoch_line, load_last
 from .paths import COMPILE_ON_CPU, long_run, stop_and_resume
+
+# fsdp against ddp: the same seed, fp32 (no TF32), deterministic kernels, no dropout, so that
+# only the order of the gradient reductions differs (reduce-scatter and the sharded gradient
+# norm vs all-reduce). Measured on 2 CPU ranks, 64 steps: 1e-7 apart; with gradients summed
+# instead of averaged (the gloo bug of pytorch#162338), 2e-2.
+SAME_NUMBERS = ["run.deterministic=true", "train.tf32=false", "model.dropout=0"]
+FSDP_TOLERANCE = 1e-4  # relative distance (common.distance) of the final weights
 
 
 def over(c: Check, ranks: int) -> str:
@@ -64,14 +76,15 @@ def check_ddp(c: Check) -> str:
 
 def check_fsdp(c: Check) -> str:
     """train.strategy=fsdp on one process (a one-rank group) and on two ranks: each stopped by
-    SIGTERM after its first checkpoint, then resumed to the end. Reports each run's peak CUDA
-    memory in its first epoch (start-up included). On the CPU two ranks only (the test suite
-    runs fsdp on one process there)."""
+    SIGTERM after its first checkpoint, then resumed to the end; the two-rank run's final
+    weights against a two-rank ddp run's from the same seed (fsdp_agrees_with_ddp). Reports
+    each run's peak CUDA memory in its first epoch and its start-up peaks. On the CPU two
+    ranks only (the test suite runs fsdp on one process there)."""
     done = []
     for ranks in (1, 2) if c.machine.device == "cuda" else (2,):  # one GPU: the two share it
         launch, env = c.launch(ranks)
         run, (long, total) = f"fsdp{ranks}", long_run(c, ranks)
-        args = c.overrides(run, "train.strategy=fsdp", *long)
+        args = c.overrides(run, "train.strategy=fsdp", *long, *SAME_NUMBERS)
         stopped = stop_and_resume(c, launch, run, args, total, env)
         world = load_last(c.run_dir(run))["meta"]["world_size"]
         if world != ranks:
@@ -79,19 +92,43 @@ def check_fsdp(c: Check) -> str:
         peak = first_epoch_memory(c, run)
         if peak is not None:
             c.figures[f"fsdp{ranks}_peak_mb_epoch1_rank0"] = peak
-        c.figures[f"fsdp{ranks}_start_up"] = start_up_memory(c)
+        c.figures[f"fsdp{ranks}_start_up"] = start_up_memory(c, run)
         done.append(f"{over(c, ranks)} stopped at step {stopped}, resumed to {total}")
+    done.append(fsdp_agrees_with_ddp(c, [*long, *SAME_NUMBERS]))
     return "; ".join(done)
 
 
-def start_up_memory(c: Check) -> str:
-    """What building and sharding the model raised each rank's peaks by, as the run's start-up
-    line says (parallel.start_up_report): no rank holds the whole model on the GPU."""
-    for log in sorted(c.workdir.glob("*.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("start-up peak memory per rank"):
-                return line.split(": ", 1)[1]
-    raise Failed("no run printed its start-up peak memory per rank (parallel.shard)")
+def fsdp_agrees_with_ddp(c: Check, options: list[str]) -> str:
+    """Run fsdp2's training again under ddp on two ranks, straight through; their final
+    weights must agree to FSDP_TOLERANCE: fsdp's reduce-scatter (over gloo where the ranks
+    share a GPU), its sharded gradient norm and its resume computed what ddp's all-reduce
+    does. A run that only finishes would not show gradients summed instead of averaged."""
+    launch, env = c.launch(2)
+    c.run(*launch, *c.overrides("ddp2", "train.strategy=ddp", *options), env=env)
+    full = consolidate(c.run_dir("fsdp2") / "last.pt")  # its shards as one model
+    fsdp = torch.load(full, map_location="cpu", weights_only=True)["model"]
+    apart = distance(fsdp, load_last(c.run_dir("ddp2"))["model"])
+    name = "fsdp vs ddp weights, 2 ranks (relative distance)"
+    c.target(name, apart, FSDP_TOLERANCE, at_most=True, judged=True)
+    if not apart <= FSDP_TOLERANCE:
+        raise Failed(
+            f"the 2-rank fsdp run's final weights are {apart:.2e} from ddp's (same seed, "
+            f"deterministic; at most {FSDP_TOLERANCE:g}): its gradient reduction differs"
+        )
+    return f"weights {apart:.1e} from 2-rank ddp's"
+
+
+def start_up_memory(c: Check, run: str) -> str:
+    """What building and sharding the model raised each rank's peaks by, as run `run`'s
+    start-up line says (parallel.start_up_report), read from the log of its first start:
+    no rank holds the whole model on the GPU."""
+    for proc in c.started:
+        if f"run.name={run}" in shlex.split(proc.command):
+            for line in proc.log.read_text(errors="replace").splitlines():
+                if line.startswith("start-up peak memory per rank"):
+                    return line.split(": ", 1)[1]
+            break
+    raise Failed(f"{run} printed no start-up peak memory per rank (parallel.shard)")
 
 
 def first_epoch_memory(c: Check, run: str) -> float | None:

@@ -100,7 +100,7 @@ CHECKS = (
     Spec("ddp", ranks.check_ddp, ("ddp", "sync_bn", "fp16", "gloo_on_cuda"), 120),
     Spec("syncbn", ranks.check_syncbn, ("sync_bn", "gloo_on_cuda"), 60),
     Spec("distributed", ranks.check_distributed, ("nccl", "device"), 60),
-    Spec("fsdp", ranks.check_fsdp, ("fsdp", "gloo_on_cuda", "memory"), 150),
+    Spec("fsdp", ranks.check_fsdp, ("fsdp", "gloo_on_cuda", "memory"), 180),
     Spec("cpu_offload", ranks.check_cpu_offload, ("fsdp", "nccl"), 90),
     Spec("resume", paths.check_resume, ("rng", "deterministic", "device"), 90),
     Spec("preemption", paths.check_preemption, ("pinned",), 90),

@@ -156,16 +156,18 @@ class CheckpointManager:
             save_config(self.cfg, path)
             self._config_due = False
 
-    def check_held(self, log=None) -> None:
+    def check_held(self) -> None:
         """Every rank: stop with one line once rank 0's run folder is no longer the one it
         locked (removed, moved or replaced while the run trained): before each save (whose
-        shards every rank writes, with the epoch's metrics row). `log` (the run's
-        MetricLogger) then draws no curves.png there at its close either."""
-        problem = distributed.broadcast_object(self.folder.lost() if self.dist.is_main else None)
+        shards every rank writes, with the epoch's metrics row). The run's MetricLogger asks
+        lost() itself before it writes there."""
+        problem = distributed.broadcast_object(self.lost() if self.dist.is_main else None)
         if problem:
-            if log is not None:
-                log.curves = False
             raise CheckpointError(problem)
+
+    def lost(self) -> str | None:
+        """Why this process no longer holds the run folder, or None (RunFolder.lost)."""
+        return self.folder.lost()
 
     def save(self, trainee, progress: Progress, extra: dict, is_best: bool, record=None) -> None:
         """A checkpoint of where the run stands (a collective: every rank calls it); `extra`

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, first_line
-from ..utils.locks import fsync_dir
+from ..utils.locks import fsync_dir, temporary
 
 TRAINING_KEYS = ("model", "optimizer", "scheduler", "scaler", "progress", "config")
 
@@ -80,10 +80,11 @@ def atomic_save(obj, path: Path, before_rename=None) -> None:
 
     A rename within one filesystem is atomic, so a reader (or a run killed at any instant)
     sees either the old complete file or the new complete file, never a truncated one.
-    `before_rename()`, if given, runs between the write and the rename (a tool's
-    cli.placing_output: a stop from there on waits for the rename).
-    """
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    `before_rename()` runs once the bytes are on disk, before the name: if it fails, `path`
+    is left as it was (the temporary removed), and a kill in between leaves the temporary
+    (locks.remove_stale removes it once its process is gone). A tool passes
+    cli.placing_output: a stop from there on waits for the rename."""
+    tmp = temporary(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -97,17 +98,21 @@ def atomic_save(obj, path: Path, before_rename=None) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path, mmap: bool = False) -> dict:
     """Read a checkpoint onto the CPU with weights_only=True: tensors and plain containers only,
     never pickled code. Restoring copies each tensor to where its parameter lives, so a file
     saved on any device resumes on any other (and RNG states stay the CPU tensors torch needs).
+    `mmap`: the tensors are mapped from the file, not read (their bytes are read only where
+    used): for what reads the rest of a checkpoint without its weights.
 
     Raises CorruptCheckpoint when the bytes are not a checkpoint, CheckpointError otherwise."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} not found; check the path")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # Only torch's zip format maps (a legacy file is read whole; is_zipfile reads its end).
+        mmap = mmap and zipfile.is_zipfile(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         if "GLOBAL" in str(exc) or "Unsupported global" in str(exc):
             raise CheckpointError(

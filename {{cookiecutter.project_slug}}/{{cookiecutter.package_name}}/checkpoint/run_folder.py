@@ -11,17 +11,15 @@ lock; what a checkpoint holds and how it is read and written is files.py's.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import socket
 from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError
 from ..utils import locks
+from ..utils.run_files import BEST, LAST, RUN_LOCK, SET_ASIDE, STEP_FILE, step_file
 from . import files
 
-# save()'s names (step-{step:08d}.pt); other files named step-* are not step checkpoints.
-STEP_FILE = re.compile(r"step-\d{8,}\.pt")
 # What going without the folder lock risks (a filesystem without locks).
 UNLOCKED_RUN = "two processes training the same run would not be stopped"
 
@@ -44,36 +42,26 @@ class RunFolder:
 
     def checkpoint_files(self) -> list[Path]:
         """Every checkpoint of the run, loadable or not (files set aside as *.bad included)."""
-        bad = [p for p in self.run_dir.glob("step-*.pt.bad") if STEP_FILE.fullmatch(p.stem)]
-        ends = [self.run_dir / name for name in ("last.pt", "best.pt")]
+        aside = self.run_dir.glob(f"step-*.pt{SET_ASIDE}")
+        bad = [p for p in aside if STEP_FILE.fullmatch(p.stem)]
+        ends = [self.run_dir / name for name in (LAST, BEST)]
         return [*self.step_files()[::-1], *sorted(bad), *(p for p in ends if p.exists())]
 
     def save(self, state: dict, step: int, is_best: bool, record=None) -> Path:
         """Save `state` as step `step`'s file (and last.pt, best.pt), keep the newest
-        keep_last. `record` (the epoch's metrics row) is written between the file's bytes and
-        its name: a kill in between leaves a row past the newest checkpoint, which a resume
-        drops and logs again (a row after the name would be lost for good), and a failed
-        write of the file leaves the record as it was."""
+        keep_last. `record()` (writes the epoch's metrics row) runs between the file's bytes
+        and its name: a kill in between leaves a row past the newest checkpoint, which a
+        resume drops and logs again (a row after the name would be lost for good), and a
+        failed write of the file leaves the record as it was."""
         problem = self.lost()
         if problem:  # never recreate a folder this process no longer holds
             raise CheckpointError(problem)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / f"step-{step:08d}.pt"
-        if record is None:
-            files.atomic_save(state, path)
-        else:  # a stale temporary if killed before the rename: removed by the next open()
-            pending = path.with_name(f".{path.name}.tmp-pending{os.getpid()}")
-            files.atomic_save(state, pending)
-            try:
-                record()
-            except BaseException:
-                pending.unlink(missing_ok=True)
-                raise
-            os.replace(pending, path)
-            locks.fsync_dir(self.run_dir)
-        _atomic_link(path, self.run_dir / "last.pt")
+        path = self.run_dir / step_file(step)
+        files.atomic_save(state, path, before_rename=record)
+        _atomic_link(path, self.run_dir / LAST)
         if is_best:
-            _atomic_link(path, self.run_dir / "best.pt")
+            _atomic_link(path, self.run_dir / BEST)
         for old in self.step_files()[self.keep_last :]:
             old.unlink(missing_ok=True)  # best.pt is its own link: pruning keeps its data
         self._prune_shards()
@@ -85,7 +73,7 @@ class RunFolder:
         if not folders:
             return
         named = {path.with_suffix(".dcp").name for path in self.step_files()}
-        for link in ("last.pt", "best.pt"):  # their step file may be pruned already
+        for link in (LAST, BEST):  # their step file may be pruned already
             try:
                 named.add(Path(files.load(self.run_dir / link)["shards"]).name)
             except (CheckpointError, KeyError):
@@ -148,7 +136,7 @@ class RunFolder:
         way of pruning). Any other failure (I/O, memory) stops here and renames nothing:
         falling back to an older file would lose the newer one's work at the next prune."""
         tried = set()
-        for path in [*self.step_files(), self.run_dir / "last.pt", self.run_dir / "best.pt"]:
+        for path in [*self.step_files(), self.run_dir / LAST, self.run_dir / BEST]:
             try:
                 stat = path.stat()
             except FileNotFoundError:
@@ -161,10 +149,10 @@ class RunFolder:
             except files.CorruptCheckpoint as exc:
                 warn(f"warning: skipping {exc}")
                 if quarantine and path.name.startswith("step-"):
-                    path.rename(path.with_name(path.name + ".bad"))
+                    path.rename(path.with_name(path.name + SET_ASIDE))
                     shards = path.with_suffix(".dcp")  # fsdp: its shards go aside with it
                     if shards.is_dir():
-                        shards.rename(shards.with_name(shards.name + ".bad"))
+                        shards.rename(shards.with_name(shards.name + SET_ASIDE))
         return None
 
     def lock(self) -> None:
@@ -174,7 +162,7 @@ class RunFolder:
         if self._lock_fd is not None:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / ".lock"
+        path = self.run_dir / RUN_LOCK
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             locks.lock(fd, path, UNLOCKED_RUN, wait=False)
@@ -201,7 +189,7 @@ class RunFolder:
         if self._lock_fd is None:
             return None
         try:
-            stat = os.stat(self.run_dir / ".lock")
+            stat = os.stat(self.run_dir / RUN_LOCK)
             if (stat.st_dev, stat.st_ino) == self._lock_id:
                 return None
         except OSError:  # gone, or a part of the path is no folder now
@@ -218,17 +206,15 @@ class RunFolder:
             self._lock_fd = self._lock_id = None
 
     def remove_stale_temporaries(self) -> None:
-        """Temporary files (and shard folders) left by a run killed mid-save (never read: the
-        rename never ran)."""
-        for tmp in self.run_dir.glob(".*.tmp*"):
-            if tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.unlink(missing_ok=True)
+        """What a process killed mid-write left in the run folder (a checkpoint, a shard
+        folder, a record; never read: the rename never ran), by the one rule every writer's
+        temporaries follow (locks.remove_stale): only those whose process is gone, so a tool
+        writing into the run folder now (an export, a report) keeps its own."""
+        locks.remove_stale(self.run_dir)
 
 
 def _atomic_link(target: Path, link: Path) -> None:
-    tmp = link.with_name(f".{link.name}.tmp{os.getpid()}")
+    tmp = locks.temporary(link)
     tmp.unlink(missing_ok=True)
     try:
         os.link(target, tmp)

@@ -24,6 +24,7 @@ from torch import nn
 from .. import distributed
 from ..errors import CheckpointError, first_line
 from ..parallel import is_sharded
+from ..utils.locks import temporary
 from . import files
 
 
@@ -37,7 +38,10 @@ def save_shards(model: nn.Module, optimizer, run_dir: Path, step: int) -> str | 
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     name = f"step-{step:08d}.dcp"
-    final, tmp = run_dir / name, run_dir / f".{name}.tmp"
+    # Rank 0's temporary (its pid in the name, as every writer's: utils/locks.py), the same
+    # folder for every rank.
+    final = run_dir / name
+    tmp = Path(distributed.broadcast_object(str(temporary(final))))
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -159,7 +163,7 @@ def _damaged(exc: Exception) -> bool:
 def _replace_folder(tmp: Path, final: Path) -> None:
     # Renaming a folder over a non-empty one fails: set an existing one (a save at the step
     # just resumed from) aside first. Only the step-N.pt file written next refers to it.
-    old = final.with_name(f".{final.name}.tmp-old")
+    old = tmp.with_name(f"{tmp.name}.old")  # removed by locks.remove_stale if left
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import UserError
+from ..utils import locks
 from ..utils import run_files as names
 
 # The names come from utils/run_files.py, where the code that writes each file takes them too.
@@ -168,40 +168,12 @@ def check_out(
 
 def staging(target: Path) -> Path:
     """This process's hidden temporary beside `target` (remove_stale knows the name)."""
-    return target.with_name(f".{target.name}.tmp{os.getpid()}")
+    return locks.temporary(target)
 
 
 def remove_stale(target: Path) -> list[Path]:
     """Remove what a killed tool left beside `target`: `.<name>.tmp<pid>` files and folders
-    (and `.tmp<pid>.old`) whose process is gone. Another live process's are kept, and so is
-    every other file. Returns what was removed."""
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.tmp(\d+)(\.old)?")
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return []
-    removed = []
-    for entry in entries:
-        found = pattern.fullmatch(entry.name)
-        if found and not _alive(int(found[1])):
-            path = Path(entry.path)
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():  # ours from an earlier process of the same id: it is gone
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    except OverflowError:  # no process has such an id
-        return False
-    return True
+    (and `.tmp<pid>.old`) whose process is gone (utils/locks.py: the rule training's own
+    temporaries follow too). Another live process's are kept, and so is every other file.
+    Returns what was removed."""
+    return locks.remove_stale(target.parent, target.name)

@@ -2,12 +2,17 @@
 no locks" (NFS mounted with nolock, Lustre without -o flock): the first is the caller's to
 report; on the second the work goes on unlocked, after one warning per kind of lock. And
 the other half of keeping files whole: replace_text, the one way a text file is rewritten,
-and fsync_dir, which makes a rename durable."""
+fsync_dir, which makes a rename durable, and the one rule for temporaries: each writer
+(training, every tool) writes through `.<name>.tmp<pid>` beside its target (temporary()), and
+what a killed one left is removed once its process is gone, never while it runs
+(remove_stale()). Nothing here imports torch: the tools call it before theirs."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 from pathlib import Path
 
 try:
@@ -67,7 +72,7 @@ def replace_text(path: Path, text: str, durable: bool = True) -> None:
     it. A full disk, a failed write or a kill leaves the previous file (or none), never half
     of one. `durable` also fsyncs the file and the folder, so that a power cut keeps it (left
     out for a file rewritten at every step)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary(path)
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -83,3 +88,48 @@ def replace_text(path: Path, text: str, durable: bool = True) -> None:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def temporary(target: Path) -> Path:
+    """This process's hidden temporary beside `target` (a file, or a staging folder), named
+    so that remove_stale() can tell whose it is."""
+    return target.with_name(f".{target.name}.tmp{os.getpid()}")
+
+
+def remove_stale(folder: Path, name: str | None = None) -> list[Path]:
+    """Remove what killed writers left in `folder`: temporaries `.<name>.tmp<pid>` (files and
+    folders, and `.tmp<pid>.old`) whose process is gone; every name's when `name` is None.
+    Another live process's are kept, and so is every other file. Returns what was removed."""
+    stem = re.escape(name) if name is not None else ".+"
+    pattern = re.compile(rf"\.{stem}\.tmp(\d+)(\.old)?")
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        found = pattern.fullmatch(entry.name)
+        if found and not _alive(int(found[1])):
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    # Looked up on this machine only: on a folder shared by several machines, another
+    # machine's live process is not seen (the README's limit).
+    if pid == os.getpid():  # ours from an earlier process of the same id: it is gone
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OverflowError:  # no process has such an id
+        return False
+    return True

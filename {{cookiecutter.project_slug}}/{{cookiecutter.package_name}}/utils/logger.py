@@ -11,7 +11,7 @@ import errno
 import io
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import locks, run_files
@@ -37,14 +37,17 @@ class MetricLogger:
         start_step: int = 0,
         config: dict | None = None,
         tracker_ids: dict | None = None,
+        lost: Callable[[], str | None] | None = None,
     ):
         """`loggers`: run.loggers; metrics.csv is written whatever it holds (resume, the
         plots, compare_runs and sweeps read it). `start_step`: the step the run (re)starts
         from. What an earlier attempt logged after it (a crash after the checkpoint, a corrupt
         newest checkpoint) is dropped, so curves and metrics.csv hold one value per step.
         `config` is logged to the trackers; `tracker_ids` (from the checkpoint) resumes
-        their runs."""
+        their runs. `lost()` (the run folder's, checkpoint/run_folder.py) says why the run no
+        longer holds run_dir: from then on nothing more is written there (see _holds)."""
         self.run_dir = run_dir
+        self._lost, self._gone = lost, False
         self.tensorboard = "tensorboard" in loggers and run_dir is not None
         self.start_step = start_step
         self._writer = None
@@ -73,25 +76,30 @@ class MetricLogger:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Step-level curves (loss, lr, grad norm) for TensorBoard and the trackers."""
         if self.trackers:  # noted first: a crash right after the log still counts it
+            if not self._holds():
+                return  # and the trackers get no step that .tracked_step would not count
             locks.replace_text(self.run_dir / TRACKED_STEP, str(step), durable=False)
         for tracker in self.trackers:
             tracker.log(values, step)
         if not self.tensorboard:
             return
         if self._writer is None:
+            if not self._holds():
+                return
             # Imported on first use: TensorBoard costs ~1 s of import time at start-up.
             from torch.utils.tensorboard import SummaryWriter
 
             # Hides events an earlier attempt wrote at steps after the one resumed from.
             purge = self.start_step + 1
-            self._writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
+            board = self.run_dir / run_files.TRACKER_FOLDERS[0]  # tb/
+            self._writer = SummaryWriter(str(board), purge_step=purge)
         for key, value in values.items():
             self._writer.add_scalar(key, value, step)
 
     def epoch(self, row: dict[str, float]) -> None:
         """Append one row to metrics.csv (written header-first, appended on resume), with
         the wall time since the run started; redraw curves.png if REDRAW_EVERY_S passed."""
-        if not self.enabled:
+        if not self.enabled:  # the row is written inside RunFolder.save, after its check
             return
         row = {**row, "time/elapsed_s": self._elapsed + time.perf_counter() - self._opened}
         self.scalars(int(row["step"]), {k: v for k, v in row.items() if "/" in k})
@@ -104,8 +112,15 @@ class MetricLogger:
         """{tracker: run id}, saved in checkpoints so that a resume continues those runs."""
         return {tracker.name: tracker.id for tracker in self.trackers}
 
+    def _holds(self) -> bool:
+        """Whether the run still holds run_dir. Asked only before a file is written by its
+        path (the writes to open files, TensorBoard's events, land in the folder the run
+        locked, wherever it went), so a run without trackers pays no check per step."""
+        self._gone = self._gone or bool(self._lost and self._lost())
+        return not self._gone
+
     def _draw_curves(self) -> None:
-        if not (self.curves and self._stale):
+        if not (self.curves and self._stale and self._holds()):
             return
         try:
             plot_curves(self.run_dir / run_files.METRICS, self.run_dir / run_files.CURVES)

@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from .locks import temporary
+
 INSTALL_HINT = "pip install -e '.[plots]'"  # the extra in pyproject.toml: matplotlib
 
 
@@ -60,7 +62,7 @@ def save_figure(fig, path: Path, metadata: dict | None = None) -> int:
     """Write the PNG through a temporary file and a rename: a reader (an image viewer
     refreshing, a sync job) never sees half a file. `metadata`: PNG text chunks (a tool's
     mark on its own output). Returns the number of lines the figure holds, which tests check."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary(path)  # locks.remove_stale knows the name
     try:
         fig.savefig(tmp, format="png", dpi=100, metadata=metadata)
         os.replace(tmp, path)

@@ -27,6 +27,7 @@ from {{ cookiecutter.package_name }}.data.sampler import ShardedSampler
 from {{ cookiecutter.package_name }}.distributed import DistInfo
 from {{ cookiecutter.package_name }}.trainer import fit, prepare_process
 from {{ cookiecutter.package_name }}.utils import plots
+from {{ cookiecutter.package_name }}.utils.run_files import RUNS_LOCK
 from {{ cookiecutter.package_name }}.utils.seed import mix_seed
 
 slow = pytest.mark.slow
@@ -172,7 +173,7 @@ def test_training_under_torchrun_writes_one_run_folder(two_rank_job):
     # Rank 0 alone prints, and writes the run folder, the checkpoints and the run summary.
     assert stdout.count("run default: mlp") == 1 and "cpu x 2" in stdout
     assert stdout.count("epoch 2/2 |") == 1
-    assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [RUNS_LOCK, "default", "runs.csv"]
     plot = ["curves.png"] if plots.available() else []  # matplotlib is optional
     assert sorted(p.name for p in (out / "default").iterdir()) == [
         ".lock",
@@ -346,7 +347,7 @@ def test_two_nodes_on_loopback_finish_one_run(tmp_path, dump_ranks):
     text = "\n".join(log.read_text() for log in logs)
     assert codes == [0, 0], text[-4000:]
     assert text.count("run default: cnn") == 1 and "cpu x 2" in text
-    assert sorted(p.name for p in out.iterdir()) == ["default", "runs.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [RUNS_LOCK, "default", "runs.csv"]
     rank0, rank1 = ranks(tmp_path)
     assert_same(rank0["model"], rank1["model"])  # BatchNorm statistics too
     assert_same(rank0["model"], checkpoint.load(out / "default/last.pt")["model"])

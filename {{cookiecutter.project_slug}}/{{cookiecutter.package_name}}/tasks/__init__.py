@@ -21,6 +21,9 @@ tasks/<name>.py with a class like those below, then add one line to TASKS. A tas
   and the records hold it per entry, `<name>/<label>` (utils/metrics.flatten), with the
   names of `label_names` (a list of str, optional; indices without it). An entry, say
   `f1/cat`, works as train.best_metric, with its vector's direction.
+- `tune` (optional): whether validation tunes the task's decisions (classification's
+  task.threshold=auto); a task that tunes records them as meta["tuned"] in the data meta it
+  was given, which every checkpoint saves; evaluate sets `tune = False` to score with them.
 A different loss is an option of the task (e.g. regression's `loss: huber`), not a new task.
 """
 
@@ -41,7 +44,7 @@ TASKS = {
 def build_task(cfg, data, meta: dict | None = None, best: tuple[str, str] | None = None):
     """The task of cfg.task (a TaskConfig) for this training data and its data meta;
     `best` (Config.best()): refused unless the task reports that metric on this data."""
-    task = TASKS[cfg.name](cfg.options, data, meta or {})
+    task = TASKS[cfg.name](cfg.options, data, meta if meta is not None else {})
     if best is not None:
         check_metric(best[0], "train.best_metric", task)
     return task

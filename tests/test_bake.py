@@ -141,6 +141,7 @@ EXPECTED = {
     "tests/test_tasks.py",
     "tests/test_metrics.py",
     "tests/test_ranking.py",
+    "tests/test_imbalance.py",
     "tests/test_faults.py",
     "tests/test_resume.py",
     "tests/test_devices.py",

@@ -231,7 +231,7 @@ def coerce_list(value: Any, item: Any, key: str) -> list:
         )
     items = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     # Repeated names mean nothing more (loggers, features); repeated numbers are values.
-    return list(dict.fromkeys(items)) if item is str else items
+    return items if item in (int, float) else list(dict.fromkeys(items))
 
 
 # Keys of earlier versions of this project, and what replaced them.

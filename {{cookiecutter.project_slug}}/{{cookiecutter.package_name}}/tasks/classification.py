@@ -140,19 +140,19 @@ class Classification:
         return sums
 
     def summarise(self, sums: dict) -> dict:
-        count = sums["count"]
-        confusion = torch.tensor(sums["confusion"], dtype=torch.float64)
-        metrics = {"loss": sums["loss"] / count}
-        if "scores" in sums:
-            if self.tune:  # the F1-best threshold; its confusion is exact (a bin edge)
-                self.threshold = ranking.best_threshold(sums["scores"])[0][0]
-                confusion = ranking.confusion_at(sums["scores"], [self.threshold])[0]
-                self.meta["tuned"] = {"threshold": self.threshold}  # saved with the data meta
-            metrics["auroc"] = ranking.auroc(sums["scores"])[0]
-            metrics["ap"] = ranking.average_precision(sums["scores"])[0]
+        count, scores = sums["count"], sums.get("scores")
+        confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
+        if scores is not None and self.tune:  # the F1-best threshold: a bin edge, exact there
+            self.threshold = ranking.best_threshold(scores)[0][0]
+            confusion = ranking.confusion_at(scores, [self.threshold])[0]
+            self.meta["tuned"] = {"threshold": self.threshold}  # saved with the data meta
+        metrics = {"loss": sums["loss"] / count, **from_confusion(confusion)}
+        if scores is not None:
+            metrics["auroc"] = ranking.auroc(scores)[0]
+            metrics["ap"] = ranking.average_precision(scores)[0]
             metrics["threshold"] = self.threshold
-        metrics |= from_confusion(confusion)
-        return {**metrics, "count": int(count)}
+        order = ["loss", *self.metrics, "threshold"]  # as the console and summary show them
+        return {**{m: metrics[m] for m in order if m in metrics}, "count": int(count)}
 
 
 def from_confusion(confusion: torch.Tensor) -> dict:
@@ -188,7 +188,7 @@ def class_weights(option, names: list[str], meta: dict) -> torch.Tensor | None:
                 "task.class_weights=auto needs the training split's class counts, which this "
                 "dataset does not provide (no label tensor y); give the weights as a list"
             )
-        counts = torch.tensor(counts, dtype=torch.float64)
+        counts = torch.tensor(counts, dtype=torch.float64, device="cpu")
         weights = counts.sum() / (k * counts.clamp(min=1))
         return weights.where(counts > 0, 0.0).float()
     if isinstance(option, dict):
@@ -205,7 +205,7 @@ def class_weights(option, names: list[str], meta: dict) -> torch.Tensor | None:
             f"task.class_weights has {len(option)} weights for the {k} classes {names}; "
             "give one per class, in this order, or a mapping {class name: weight}"
         )
-    return torch.tensor(option, dtype=torch.float32)
+    return torch.tensor(option, dtype=torch.float32, device="cpu")
 
 
 def _fixed(threshold) -> float:

@@ -98,7 +98,8 @@ def confusion_at(hist, thresholds) -> torch.Tensor:
     """(L, 2, 2) counts [label, true class, predicted class] of `score >= threshold`, each
     threshold a bin edge (as best_threshold gives them): exact there."""
     h = _as_hist(hist)
-    k = (torch.as_tensor(thresholds, dtype=torch.float64).view(-1) * BINS).round().long()
+    k = torch.as_tensor(thresholds, dtype=torch.float64, device="cpu").view(-1) * BINS
+    k = k.round().long()
     above = _above(h).gather(-1, k.clamp(0, BINS - 1)[:, None, None].expand(-1, 2, 1))[..., 0]
     total = h.sum(-1)
     return torch.stack([total - above, above], dim=-1)  # [.., 0] predicted negative

@@ -80,7 +80,8 @@ def evaluate_checkpoint(
             rank=dist.rank,
             world_size=dist.world_size,
         )
-        collector = report.Collector(cfg.task.name, task.num_outputs, device)
+        decide = getattr(task, "decide", None)
+        collector = report.Collector(cfg.task.name, task.num_outputs, device, decide)
         model = trained.model.to(device)
         metrics = evaluate(model, loader, task, device, amp, collector)
         if report_dir:

@@ -58,6 +58,7 @@ EXPECTED = {
     "scripts/gpu_checks/speed.py",
     "scripts/sweep.py",
     "scripts/make_demo_data.py",
+    "scripts/benchmark_metrics.py",
     "scripts/consolidate.py",
     "scripts/compare_runs.py",
     "scripts/_bootstrap.py",

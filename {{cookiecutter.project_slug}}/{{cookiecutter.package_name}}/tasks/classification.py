@@ -141,6 +141,8 @@ class Classification:
 
     def summarise(self, sums: dict) -> dict:
         count, scores = sums["count"], sums.get("scores")
+        if scores is not None:  # from lists once (~1 ms), not in each ranking function
+            scores = torch.tensor(scores, dtype=torch.float64, device="cpu")
         confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
         if scores is not None and self.tune:  # the F1-best threshold: a bin edge, exact there
             self.threshold = ranking.best_threshold(scores)[0][0]

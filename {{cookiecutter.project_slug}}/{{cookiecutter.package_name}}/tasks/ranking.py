@@ -40,7 +40,9 @@ def histogram(scores: torch.Tensor, targets: torch.Tensor, dtype=torch.float64) 
 
 def _as_hist(hist) -> torch.Tensor:
     """A histogram as summarise receives it (nested lists) or as a tensor: (L, 2, BINS)."""
-    hist = torch.as_tensor(hist, dtype=torch.float64, device="cpu")
+    if not isinstance(hist, torch.Tensor):  # a tensor is taken as it is: no copy per call
+        hist = torch.tensor(hist, dtype=torch.float64, device="cpu")
+    hist = hist.to("cpu", torch.float64)
     return hist.view(-1, 2, hist.shape[-1])
 
 

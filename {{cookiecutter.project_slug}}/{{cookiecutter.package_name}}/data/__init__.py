@@ -154,7 +154,9 @@ def target_stats(dataset, indices, targets: str, saved: dict | None) -> dict:
     the regression task standardises with, and the class counts of "class" targets (for
     task.class_weights=auto): a checkpoint's own where `saved` is given (checkpoints from
     before these statistics have none: the task then reads mean 0, std 1)."""
-    keys = ("target_mean", "target_std") if targets == "value" else ("class_counts",)
+    keys = {"value": ("target_mean", "target_std"), "class": ("class_counts",)}.get(targets)
+    if keys is None:
+        return {}
     if saved is not None:
         return {key: saved[key] for key in keys if key in saved}
     rows = torch.as_tensor(list(indices), dtype=torch.int64)
@@ -164,8 +166,6 @@ def target_stats(dataset, indices, targets: str, saved: dict | None) -> dict:
             return {}
         counts = torch.bincount(labels[rows], minlength=dataset.num_classes)
         return {"class_counts": counts.tolist()}
-    if targets != "value":
-        return {}
     if isinstance(dataset, InMemoryDataset):
         y = dataset.y[rows]
     else:  # one pass over the training targets, once per run

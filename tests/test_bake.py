@@ -34,6 +34,7 @@ EXPECTED = {
     "configs/experiments/smoke.yaml",
     "configs/experiments/mlp_large_batch.yaml",
     "configs/experiments/csv_regression.yaml",
+    "configs/experiments/imbalanced_table.yaml",
     "configs/experiments/char_lm.yaml",
     "configs/experiments/image_folder.yaml",
     "scripts/train.py",
@@ -304,6 +305,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "my_pytorch_project/data/my_data.py",  # the README's examples of new files
         "my_pytorch_project/models/my_net.py",
         "data/demo/text.txt",  # written by scripts/make_demo_data.py text
+        "data/demo/imbalanced.csv",  # written by scripts/make_demo_data.py csv
     }
     missing = sorted(p for p in named - generated if not (project / p).exists())
     assert len(named) > 8 and not missing, missing

@@ -129,25 +129,33 @@ class Classification:
         wide, k = sums_dtype(y.device), self.num_outputs
         logits = output.float()
         probabilities = logits.softmax(1)
-        cells = torch.bincount(y * k + self.decide(probabilities), minlength=k * k)
         sums = {
             "loss": F.cross_entropy(logits, y, reduction="sum").to(wide),
-            "confusion": cells.to(wide).view(k, k),  # [true class, predicted class]
             "count": torch.full((), len(y), dtype=wide, device=y.device),
         }
         if k == 2:  # one bincount: the positive class's probability per bin and class
             sums["scores"] = ranking.histogram(probabilities[:, 1], y, wide)
+        if not self._from_scores():
+            cells = torch.bincount(y * k + self.decide(probabilities), minlength=k * k)
+            sums["confusion"] = cells.to(wide).view(k, k)  # [true class, predicted class]
         return sums
+
+    def _from_scores(self) -> bool:
+        """Whether the histogram gives the confusion exactly: two classes and a threshold on
+        a bin edge (0.5, any tuned one), so no second bincount per batch is needed."""
+        return self.num_outputs == 2 and float(self.threshold * ranking.BINS).is_integer()
 
     def summarise(self, sums: dict) -> dict:
         count, scores = sums["count"], sums.get("scores")
         if scores is not None:  # from lists once (~1 ms), not in each ranking function
             scores = torch.tensor(scores, dtype=torch.float64, device="cpu")
-        confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
         if scores is not None and self.tune:  # the F1-best threshold: a bin edge, exact there
             self.threshold = ranking.best_threshold(scores)[0][0]
-            confusion = ranking.confusion_at(scores, [self.threshold])[0]
             self.meta["tuned"] = {"threshold": self.threshold}  # saved with the data meta
+        if "confusion" in sums:
+            confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
+        else:
+            confusion = ranking.confusion_at(scores, [self.threshold])[0]
         metrics = {"loss": sums["loss"] / count, **from_confusion(confusion)}
         if scores is not None:
             metrics["auroc"] = ranking.auroc(scores)[0]

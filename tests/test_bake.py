@@ -34,6 +34,7 @@ EXPECTED = {
     "configs/experiments/smoke.yaml",
     "configs/experiments/mlp_large_batch.yaml",
     "configs/experiments/csv_regression.yaml",
+    "configs/experiments/imbalanced_table.yaml",
     "configs/experiments/char_lm.yaml",
     "configs/experiments/image_folder.yaml",
     "scripts/train.py",
@@ -58,6 +59,7 @@ EXPECTED = {
     "scripts/gpu_checks/speed.py",
     "scripts/sweep.py",
     "scripts/make_demo_data.py",
+    "scripts/benchmark_metrics.py",
     "scripts/consolidate.py",
     "scripts/compare_runs.py",
     "scripts/_bootstrap.py",
@@ -117,6 +119,7 @@ EXPECTED = {
     "PKG/tasks/classification.py",
     "PKG/tasks/regression.py",
     "PKG/tasks/language_model.py",
+    "PKG/tasks/ranking.py",
     "PKG/data/text.py",
     "PKG/data/image_folder.py",
     "PKG/models/__init__.py",
@@ -127,6 +130,7 @@ EXPECTED = {
     "PKG/utils/device.py",
     "PKG/utils/logger.py",
     "PKG/utils/plots.py",
+    "PKG/utils/metrics.py",
     "PKG/utils/trackers.py",
     "PKG/utils/seed.py",
     "tests/conftest.py",
@@ -137,6 +141,9 @@ EXPECTED = {
     "tests/test_csv.py",
     "tests/test_extending.py",
     "tests/test_tasks.py",
+    "tests/test_metrics.py",
+    "tests/test_ranking.py",
+    "tests/test_imbalance.py",
     "tests/test_faults.py",
     "tests/test_resume.py",
     "tests/test_devices.py",
@@ -298,6 +305,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "my_pytorch_project/data/my_data.py",  # the README's examples of new files
         "my_pytorch_project/models/my_net.py",
         "data/demo/text.txt",  # written by scripts/make_demo_data.py text
+        "data/demo/imbalanced.csv",  # written by scripts/make_demo_data.py csv
     }
     missing = sorted(p for p in named - generated if not (project / p).exists())
     assert len(named) > 8 and not missing, missing

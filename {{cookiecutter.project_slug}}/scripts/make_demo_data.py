@@ -2,7 +2,8 @@ r"""Write small demo datasets under data/demo/, made on the spot (no download), 
 configs in configs/experiments/ and for trying the data formats before using your own.
 
     python scripts/make_demo_data.py              # all of them
-    python scripts/make_demo_data.py csv          # only data/demo/regression.csv, classes.csv
+    python scripts/make_demo_data.py csv          # only data/demo/*.csv (regression, classes,
+                                                  # imbalanced)
     python scripts/make_demo_data.py text         # only data/demo/text.txt
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
     python scripts/make_demo_data.py --out /tmp/demo csv
@@ -30,7 +31,8 @@ except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says s
 
 def write_csv(out: Path) -> list[Path]:
     """regression.csv: y from 8 features (linear, an interaction and a sine, plus noise);
-    classes.csv: 2,000 rows of 20 features in 3 classes (Gaussian blobs, partly overlapping)."""
+    classes.csv: 2,000 rows of 20 features in 3 classes (Gaussian blobs, partly overlapping);
+    imbalanced.csv: 4,000 rows of 10 features, 10 % of them positive (fraud: yes)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 8, generator=g)
     y = 2 * x[:, 0] - x[:, 1] + 0.5 * x[:, 2] * x[:, 3] + torch.sin(2 * x[:, 4])
@@ -47,7 +49,18 @@ def write_csv(out: Path) -> list[Path]:
         "species",
         [names[i] for i in labels.tolist()],
     )
-    return [regression, classes]
+    return [regression, classes, write_imbalanced(out / "imbalanced.csv", g)]
+
+
+def write_imbalanced(path: Path, g: torch.Generator) -> Path:
+    """A fraud-like table: positives differ from negatives by a shift in four of the ten
+    features, so that a model picking the majority class is 90 % accurate and useless, and
+    the positives' recall needs class weights or a tuned threshold."""
+    fraud = torch.rand(4000, generator=g) < 0.1
+    rows = torch.randn(4000, 10, generator=g)
+    rows[:, :4] += 1.2 * fraud[:, None]
+    names = ["yes" if f else "no" for f in fraud.tolist()]  # "yes" sorts second: positive
+    return _table(path, [f"v{i}" for i in range(10)], rows, "fraud", names)
 
 
 def _table(path: Path, columns: list[str], x: torch.Tensor, label: str, y: list) -> Path:

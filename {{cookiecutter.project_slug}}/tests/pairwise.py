@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 # Values of each axis; the first is the everyday one.
 AXES: dict[str, list] = {
-    "task": ["cls-synthetic-cnn", "cls-csv-mlp", "cls-images-cnn", "reg-csv-mlp", "lm-text"],
+    "task": [
+        "cls-synthetic-cnn",
+        "cls-csv-mlp",
+        "cls-images-cnn",
+        "reg-csv-mlp",
+        "lm-text",
+        "cls-imbalanced-mlp",  # class weights auto, best.pt by macro-F1, a tuned threshold
+    ],
     # How the model is wrapped, and on how many ranks (two: torchrun, gloo on the CPU). Two
     # axes, not one: every task then needs one two-rank case, not one per strategy.
     "strategy": ["ddp", "fsdp"],

@@ -1,5 +1,6 @@
-"""Tests for scripts/benchmark_dataloader.py and scripts/benchmark_gpu.py: the pure helpers
-(worker counts, suggestion, GPU peak table, FLOP count) and one tiny real run of each on CPU.
+"""Tests for scripts/benchmark_dataloader.py, scripts/benchmark_gpu.py and
+scripts/benchmark_metrics.py: the pure helpers (worker counts, suggestion, GPU peak table,
+FLOP count) and one tiny real run of each on CPU.
 They check that every number comes out, never how fast: speed is measured, not asserted."""
 
 from __future__ import annotations
@@ -152,3 +153,15 @@ def test_gpu_benchmark_compiles_on_cpu():
     (row,) = json.loads(done.stdout)["results"]
     assert row["compile"] is True and "error" not in row, row
     assert row["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_metrics_benchmark_times_an_epoch_and_the_validation_metrics_of_both_cases():
+    args = ["--rows", "3000", "--steps", "2", "--repeats", "1", "--json", "run.device=cpu"]
+    done = run_script("scripts/benchmark_metrics.py", *args, "train.batch_size=16")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["results"]
+    assert [r["classes"] for r in rows] == [10, 2]  # the CNN's classes; the table's two
+    for r in rows:
+        assert r["epoch_s"] > 0 and r["metrics_s"] > 0 and r["baseline_s"] > 0
+        assert r["all_share"] == pytest.approx(r["metrics_s"] / r["epoch_s"])

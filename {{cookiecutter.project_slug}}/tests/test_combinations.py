@@ -85,6 +85,12 @@ def family_args(task: str, data: Path) -> list[str]:
             "data.image_size=8",
             "model.width=8",
         ],
+        "cls-imbalanced-mlp": [
+            "--config",
+            str(CONFIGS / "imbalanced_table.yaml"),
+            f"data.path={data / 'imbalanced.csv'}",
+            "model.width=16",
+        ],
         "reg-csv-mlp": [
             "--config",
             str(CONFIGS / "csv_regression.yaml"),
@@ -171,13 +177,14 @@ def _own_compile_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(demo_root, tmp_path_factory) -> Path:
-    """The demo data, cut down: 400 table rows, 6,000 characters of text, the 480 images (a
-    copy of the session's demo data: the fast tests have made it already)."""
+    """The demo data, cut down: 400 table rows (800 of the imbalanced one: 80 positives),
+    6,000 characters of text, the 480 images (a copy of the session's demo data: the fast
+    tests have made it already)."""
     root = tmp_path_factory.mktemp("combination-data") / "demo"
     shutil.copytree(demo_root / "data" / "demo", root)
-    for name in ("classes.csv", "regression.csv"):
+    for name, rows in (("classes.csv", 400), ("regression.csv", 400), ("imbalanced.csv", 800)):
         lines = (root / name).read_text().splitlines(keepends=True)
-        (root / name).write_text("".join(lines[:401]))
+        (root / name).write_text("".join(lines[: rows + 1]))
     (root / "text.txt").write_text((root / "text.txt").read_text()[:6000])
     return root
 

@@ -46,8 +46,8 @@ def check_config_file(path: Path, monkeypatch, project: Path = ROOT) -> None:
             f"{path.name}: data file {missing} not found (demo folder or project): the "
             "config loads and validates; its data, task and model are checked once it exists"
         )
-    train, _, _ = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
-    task = build_task(cfg.task, getattr(train, "dataset", train))
+    train, _, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
+    task = build_task(cfg.task, getattr(train, "dataset", train), meta)  # class counts
     model = build_model(cfg.model, example_inputs(train), task.num_outputs)
     assert sum(p.numel() for p in model.parameters()) > 0
 

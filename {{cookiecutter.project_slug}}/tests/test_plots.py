@@ -45,8 +45,9 @@ def drawings(monkeypatch) -> list[tuple[int, int]]:
 def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawings):
     monkeypatch.setattr(logger, "REDRAW_EVERY_S", 0)  # as when epochs are long
     fit(load_config(None, tiny))  # 2 epochs
-    # After each epoch, from every row so far: train+val loss, val/acc, lr.
-    assert drawings == [(1, 4), (2, 4)]
+    # After each epoch, from every row so far: train+val loss, val/acc, macro_f1,
+    # balanced_acc, lr, and a line per class (4) in each of precision, recall and f1's panels.
+    assert drawings == [(1, 18), (2, 18)]
     png = run_folder(tiny) / "curves.png"
     assert png.read_bytes()[:8] == PNG_MAGIC
     import matplotlib.image
@@ -59,7 +60,7 @@ def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawin
 @pytest.mark.slow
 def test_short_epochs_are_drawn_once_when_the_run_ends(tiny, drawings):
     fit(load_config(None, [*tiny, "train.epochs=3"]))
-    assert drawings == [(3, 4)]
+    assert drawings == [(3, 18)]
 
 
 @pytest.mark.parametrize(
@@ -102,3 +103,15 @@ def test_training_without_matplotlib_trains_and_says_how_to_install_it(tiny, mon
     ]
     run = run_folder(tiny)
     assert (run / "metrics.csv").is_file() and not (run / "curves.png").exists()
+
+
+def test_a_vector_metric_s_entries_share_one_panel():
+    columns = ["step", "val/loss", "val/acc", "val/f1/cat", "val/f1/dog", "val/recall/cat", "lr"]
+    panels = plots.curve_panels(dict.fromkeys(columns, [1.0]))
+    assert panels == {
+        "loss": ["val/loss"],
+        "val/acc": ["val/acc"],
+        "val/f1": ["val/f1/cat", "val/f1/dog"],
+        "val/recall": ["val/recall/cat"],
+        "learning rate": ["lr"],
+    }

@@ -143,9 +143,8 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
     micro_left = len(loader)  # the micro-batches left in this epoch (the loader starts there)
     steps_left = min(loop.data.steps_per_epoch - done, -(-micro_left // accum))
     batches = iter(loader)
-    # Losses stay on the device, detached, until the next log: reading a value (.item(),
-    # .tolist()) waits for the GPU, so it happens only every run.log_every steps; collecting
-    # them never waits.
+    # Losses stay on the device, detached, until the next log: reading one (.item()) waits
+    # for the GPU, so it happens only every run.log_every steps; collecting them never waits.
     losses: list[torch.Tensor] = []
     params = list(loop.trainee.net.parameters())  # walked once: ~50 us a walk of the tree
     since_log, epoch_loss, epoch_steps, stopped = 0, 0.0, 0, None
@@ -290,9 +289,10 @@ def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_b
     memory_name, row[memory_name] = memory_mb(loop.device)
     loop.log.epoch(row)
     if loop.dist.is_main:
+        shown = {k: v for k, v in metrics.items() if k != "count" and "/" not in k}  # scalars
         tqdm.write(
             f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
-            f"val {' '.join(f'{k} {v:.4f}' for k, v in metrics.items() if k != 'count')}"
+            f"val {' '.join(f'{k} {v:.4f}' for k, v in shown.items())}"
             f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
             f"{row['throughput/samples_per_s']:.0f} samples/s | "
             f"{memory_name.split('/')[1].removesuffix('_mb').replace('_', ' ')} "

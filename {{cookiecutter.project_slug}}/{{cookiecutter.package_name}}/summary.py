@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .checkpoint import Progress
 from .config import Config
+from .utils.metrics import flatten
 
 REASONS = {
     "finished": "finished",
@@ -28,7 +29,7 @@ def run_row(cfg: Config, progress: Progress) -> dict:
         "epochs": progress.epoch,
         "steps": progress.step,
         f"best_val_{cfg.best()[0]}": progress.best,
-        **{f"val_{k}": v for k, v in progress.metrics.items()},
+        **{f"val_{k}": v for k, v in flatten(progress.metrics).items()},
     }
 
 
@@ -51,7 +52,7 @@ def summary(
         at = f" at epoch {progress.best_epoch}" if progress.best_epoch else ""
         lines.append(f"  best val {metric} ({mode}) {progress.best:.4f}{at} -> best.pt")
     if progress.metrics:
-        values = " | ".join(f"{k} {_fmt(v)}" for k, v in progress.metrics.items())
+        values = " | ".join(f"{k} {_fmt(v)}" for k, v in flatten(progress.metrics).items())
         lines.append(f"  final val: {values}")
     timing = [f"{seconds:.1f}s this session"] if seconds is not None else []
     if progress.train_seconds > 0:

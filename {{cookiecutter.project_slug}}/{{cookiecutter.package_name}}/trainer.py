@@ -127,7 +127,7 @@ def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
     """(train set, val set, data meta, task): the task sizes the model's output from the data.
     `meta`: a checkpoint's, for evaluation; `like`: the one a run continues (build_loaders)."""
     train_set, val_set, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets, meta, like)
-    return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta)
+    return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta, cfg.best())
 
 
 def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None) -> Data:

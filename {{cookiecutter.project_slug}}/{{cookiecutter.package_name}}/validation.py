@@ -9,6 +9,7 @@ from torch import nn
 from . import distributed
 from .data import empty_batch
 from .utils.device import autocast, to_device
+from .utils.metrics import flatten
 
 
 @torch.no_grad()  # not inference_mode: an fsdp model's first all-gather fails under it
@@ -18,7 +19,8 @@ def evaluate(
     """The task's metrics over the whole split, counting each sample once on any number of
     ranks: the task's named sums are added per batch and all-reduced once, never per-rank
     means. `observe(output, y)`, if given, sees every batch, its outputs in the targets' units
-    (task.decode; e.g. report.Collector)."""
+    (task.decode; e.g. report.Collector). A vector metric of the task's `summarise` comes back
+    flat, one entry per class / label (`f1/<name>`, utils/metrics.flatten)."""
     was_training = model.training
     model.eval()
     totals = None
@@ -36,4 +38,5 @@ def evaluate(
         totals = task.sums(model(x), y)
     totals = distributed.all_reduce_sums(totals)
     model.train(was_training)
-    return task.summarise({k: v.tolist() for k, v in totals.items()})
+    metrics = task.summarise({k: v.tolist() for k, v in totals.items()})
+    return flatten(metrics, getattr(task, "label_names", None))

@@ -27,6 +27,7 @@ FIXED = (
     "data.fold",
     "model.name",
     "task.name",
+    "task.class_weights",  # the loss trained on
 )
 # Settings that say how to start, not how to train.
 NOT_SETTINGS = ("train.resume", "train.init_from")
@@ -69,7 +70,7 @@ def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | No
 def changes(state: dict, cfg: Config) -> list[str]:
     """The settings that differ from the checkpoint's, as "key old -> new"; refuses FIXED ones.
     Everything else applies from the resumed step on (see optim.continue_schedule)."""
-    old, new = flatten(state["config"]), flatten(to_dict(cfg))
+    old, new = _grouped(flatten(state["config"])), _grouped(flatten(to_dict(cfg)))
     out = []
     for key, value in new.items():
         if key in NOT_SETTINGS or key not in old or old[key] == value:
@@ -80,6 +81,19 @@ def changes(state: dict, cfg: Config) -> list[str]:
                 f"it: drop the override, or start a new run (run.name=<new name>)"
             )
         out.append(f"{key} {old[key]} -> {value}")
+    return out
+
+
+def _grouped(flat: dict) -> dict:
+    """Dotted settings with a FIXED mapping (task.class_weights by class name) as one value:
+    flatten() spreads it over keys that a change from or to a list would not compare."""
+    out = {}
+    for key, value in flat.items():
+        head = next((f for f in FIXED if key.startswith(f"{f}.")), None)
+        if head is None:
+            out[key] = value
+        else:
+            out.setdefault(head, {})[key.removeprefix(f"{head}.")] = value
     return out
 
 

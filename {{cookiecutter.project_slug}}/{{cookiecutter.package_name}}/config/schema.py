@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from ..utils.metrics import direction
 from .text import closest
 
 Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]  # see utils/logger.py, utils/trackers.py
@@ -104,9 +105,9 @@ class Config:
         directions = components("task")[self.task.name].metrics
         metric = self.train.best_metric
         metric = next(iter(directions)) if metric == "auto" else metric
-        return metric, directions[
-            metric
-        ] if self.train.best_mode == "auto" else self.train.best_mode
+        if self.train.best_mode != "auto":
+            return metric, self.train.best_mode
+        return metric, direction(directions, metric)  # f1/<class>: the vector f1's
 
     def tie_break(self) -> tuple[str, str]:
         """The metric that decides between equal values of best(): the loss (lower is better),

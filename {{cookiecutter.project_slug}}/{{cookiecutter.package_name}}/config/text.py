@@ -176,6 +176,14 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}{tip}")
     if typing.get_origin(hint) is list:
         return coerce_list(value, typing.get_args(hint)[0], key)
+    if typing.get_origin(hint) is dict:  # {name: value}, e.g. task.class_weights by class
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} expects a mapping (name: value); got {short(repr(value))}")
+        key_type, value_type = typing.get_args(hint)
+        return {
+            coerce(k, key_type, f"{key}.{k}"): coerce(v, value_type, f"{key}.{k}")
+            for k, v in value.items()
+        }
     if isinstance(hint, types.UnionType):  # int | float: the first type that takes the value
         for arm in typing.get_args(hint):
             with contextlib.suppress(ConfigError):
@@ -211,7 +219,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
 
 def coerce_list(value: Any, item: Any, key: str) -> list:
     """A list setting: a YAML list, or text split at commas (`run.loggers=csv,wandb` needs no
-    brackets, which shells expand); each item checked as `item`, repeats dropped."""
+    brackets, which shells expand); each item checked as `item`, repeated names dropped."""
     if value is None:
         value = []
     if isinstance(value, str):
@@ -222,7 +230,8 @@ def coerce_list(value: Any, item: Any, key: str) -> list:
             f"({type(value).__name__})"
         )
     items = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    return list(dict.fromkeys(items))
+    # Repeated names mean nothing more (loggers, features); repeated numbers are values.
+    return items if item in (int, float) else list(dict.fromkeys(items))
 
 
 # Keys of earlier versions of this project, and what replaced them.

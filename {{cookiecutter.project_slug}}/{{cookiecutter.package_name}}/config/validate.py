@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
+from ..utils.metrics import direction
 from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, TrainConfig, components
 from .text import closest
 
@@ -81,16 +82,26 @@ def _is_warmup(value: float) -> bool:
 
 
 def _check_best(cfg: Config) -> None:
-    directions = components("task")[cfg.task.name].metrics
+    """train.best_metric: a scalar metric of the task, or one entry of a vector metric
+    (`f1/<class name>`; that the class exists is checked once the data is read,
+    tasks.check_metric), never a whole vector."""
+    task = components("task")[cfg.task.name]
+    directions, vectors = task.metrics, getattr(task, "vector_metrics", ())
     metric = cfg.train.best_metric
-    if metric != "auto" and metric not in directions:
+    if metric in vectors:
+        scalars = ", ".join(m for m in directions if m not in vectors)
+        raise ConfigError(
+            f"train.best_metric={metric} is a vector (one value per class); choose one entry, "
+            f"{metric}/<class name>, or a scalar: {scalars}"
+        )
+    if metric != "auto" and metric not in directions and metric.split("/")[0] not in vectors:
         close = closest(metric, directions)
         hint = f" (did you mean {close!r}?)" if close else ""
         raise ConfigError(
             f"train.best_metric={metric!r} is not a metric of task.name={cfg.task.name}; "
             f"choose auto or one of {', '.join(directions)}{hint}"
         )
-    metric, natural = cfg.best()[0], directions[cfg.best()[0]]
+    metric, natural = cfg.best()[0], direction(directions, cfg.best()[0])
     if cfg.train.best_mode not in ("auto", natural):
         raise ConfigError(
             f"train.best_mode={cfg.train.best_mode} would keep the worst {metric} "

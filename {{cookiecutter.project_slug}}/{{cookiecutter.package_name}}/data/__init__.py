@@ -69,13 +69,20 @@ def build_datasets(cfg, targets: str, meta: dict | None = None, like: dict | Non
         match_inputs(val, getattr(train, "meta", None), "the checkpoint" if named else "")
         meta = _prepare(train, range(len(train)), saved)
         _prepare(val, None, meta)
-        return train, val, {**meta, **target_stats(train, range(len(train)), targets, saved)}
+        stats = target_stats(train, range(len(train)), targets, saved)
+        return train, val, {**meta, **stats, **tuned(like)}
     pool = source(opts, "train" if own_val else "all")
     match_inputs(pool, like)
     train_idx, val_idx, split = _split(pool, cfg)
     check_split(split, saved)
     meta = {**_prepare(pool, train_idx, saved), **target_stats(pool, train_idx, targets, saved)}
-    return Split(pool, train_idx), Split(pool, val_idx), {**meta, "split": split}
+    return Split(pool, train_idx), Split(pool, val_idx), {**meta, "split": split, **tuned(like)}
+
+
+def tuned(like: dict | None) -> dict:
+    """What the task tuned on validation (a decision threshold) in the checkpoint evaluated,
+    resumed or fine-tuned: kept until the next validation tunes it again."""
+    return {"tuned": like["tuned"]} if isinstance(like, dict) and "tuned" in like else {}
 
 
 def match_inputs(dataset, like: dict | None, source: str = "the checkpoint") -> None:
@@ -144,14 +151,21 @@ def _prepare(dataset, indices, meta: dict | None) -> dict:
 
 def target_stats(dataset, indices, targets: str, saved: dict | None) -> dict:
     """The mean and std per target of the training rows `indices` of "value" targets, which
-    the regression task standardises with: a checkpoint's own where `saved` is given
-    (checkpoints from before these statistics have none: the task then reads mean 0, std 1)."""
-    keys = ("target_mean", "target_std")
-    if targets != "value":
+    the regression task standardises with, and the class counts of "class" targets (for
+    task.class_weights=auto): a checkpoint's own where `saved` is given (checkpoints from
+    before these statistics have none: the task then reads mean 0, std 1)."""
+    keys = {"value": ("target_mean", "target_std"), "class": ("class_counts",)}.get(targets)
+    if keys is None:
         return {}
     if saved is not None:
         return {key: saved[key] for key in keys if key in saved}
     rows = torch.as_tensor(list(indices), dtype=torch.int64)
+    if targets == "class":  # for task.class_weights=auto, where the labels are a tensor
+        labels = class_labels(dataset)
+        if labels is None:
+            return {}
+        counts = torch.bincount(labels[rows], minlength=dataset.num_classes)
+        return {"class_counts": counts.tolist()}
     if isinstance(dataset, InMemoryDataset):
         y = dataset.y[rows]
     else:  # one pass over the training targets, once per run

@@ -15,13 +15,21 @@ tasks/<name>.py with a class like those below, then add one line to TASKS. A tas
   vectors) summed over the batch. The caller adds them per name over batches, then over
   ranks in one all-reduce (distributed.all_reduce_sums), so metrics are exact on any number
   of GPUs. A new metric is a new key here and in `summarise`;
-- `summarise(sums)`: the metrics dict from the totals (floats, or lists for vectors), read by
-  name; "loss" and "count" included.
+- `summarise(sums)`: the metrics dict from the totals (given as floats, or lists for
+  vectors), read by name; "loss" and "count" included. A metric may be a scalar or a vector
+  with one value per class / label (a list or a 1-D tensor): name it in `vector_metrics`,
+  and the records hold it per entry, `<name>/<label>` (utils/metrics.flatten), with the
+  names of `label_names` (a list of str, optional; indices without it). An entry, say
+  `f1/cat`, works as train.best_metric, with its vector's direction.
+- `tune` (optional): whether validation tunes the task's decisions (classification's
+  task.threshold=auto); a task that tunes records them as meta["tuned"] in the data meta it
+  was given, which every checkpoint saves; evaluate sets `tune = False` to score with them.
 A different loss is an option of the task (e.g. regression's `loss: huber`), not a new task.
 """
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .classification import Classification
 from .language_model import LanguageModel
 from .regression import Regression
@@ -33,6 +41,32 @@ TASKS = {
 }
 
 
-def build_task(cfg, data, meta: dict | None = None):
-    """The task of cfg.task (a TaskConfig) for this training data and its data meta."""
-    return TASKS[cfg.name](cfg.options, data, meta or {})
+def build_task(cfg, data, meta: dict | None = None, best: tuple[str, str] | None = None):
+    """The task of cfg.task (a TaskConfig) for this training data and its data meta;
+    `best` (Config.best()): refused unless the task reports that metric on this data."""
+    task = TASKS[cfg.name](cfg.options, data, meta if meta is not None else {})
+    if best is not None:
+        check_metric(best[0], "train.best_metric", task)
+    return task
+
+
+def metric_names(task) -> list[str]:
+    """The flat names of the metrics the task reports: its scalars, and each vector's
+    entries as `<name>/<label>` (its label_names, else indices; its num_outputs long)."""
+    vectors = getattr(task, "vector_metrics", ())
+    labels = getattr(task, "label_names", None) or range(task.num_outputs)
+    names = []
+    for name in getattr(task, "metrics", {}):
+        names += [f"{name}/{label}" for label in labels] if name in vectors else [name]
+    return names
+
+
+def check_metric(metric: str, option: str, task) -> None:
+    """Refuse, before anything is written, a metric this task does not report on this data
+    (a class name that is not one, auroc of more than two classes)."""
+    names = metric_names(task)
+    if metric not in names:
+        raise ConfigError(
+            f"{option}={metric} is not reported for this data; choose one of "
+            f"{', '.join(names[:12])}{' ...' if len(names) > 12 else ''}"
+        )

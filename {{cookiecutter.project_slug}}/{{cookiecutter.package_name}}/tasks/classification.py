@@ -1,7 +1,16 @@
-"""Classification: cross-entropy (optionally label-smoothed) on logits (N, K); accuracy."""
+"""Classification: cross-entropy (optionally label-smoothed, optionally class-weighted) on
+logits (N, K); accuracy, per-class precision / recall / F1, macro-F1, balanced accuracy and,
+for two classes, AUROC and average precision, a decision threshold tuned on validation.
+
+Every metric comes from float64 sums that add up over batches and ranks: the K x K
+confusion matrix and, for two classes, the histogram of the positive class's probability
+(tasks/ranking.py). The positive class of two is the second (classes sort by name: "no",
+"yes"; 0, 1), decided by `probability >= task.threshold`.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -9,24 +18,63 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..utils.device import sums_dtype
+from . import ranking
 
 
 @dataclass
 class Options:
     label_smoothing: float = 0.0  # spreads this much target mass over all classes (0 = off)
+    # Loss weight per class: none | auto (inverse class frequency of the training split) |
+    # [w0, w1, ...] in class order | {class name: weight}. The reported val loss is unweighted.
+    class_weights: list[float] | dict[str, float] | str = "none"
+    # Two classes: predict the second when its probability >= threshold; auto: the threshold
+    # maximising F1 on the validation split, saved in each checkpoint (evaluate, predict, export).
+    threshold: float | str = 0.5
 
     def checks(self):
-        return [("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)")]
+        weights = self.class_weights
+        values = list(weights.values()) if isinstance(weights, dict) else weights
+        return [
+            ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
+            (
+                "class_weights",
+                weights in ("none", "auto")
+                or (
+                    not isinstance(weights, str)
+                    and len(values) > 0
+                    and all(math.isfinite(w) and w >= 0 for w in values)
+                    and any(w > 0 for w in values)
+                ),
+                "none, auto, a list of weights >= 0 or a mapping {class name: weight}",
+            ),
+            (
+                "threshold",
+                self.threshold == "auto"
+                or (not isinstance(self.threshold, str) and 0 <= self.threshold <= 1),
+                "a probability in [0, 1] or auto",
+            ),
+        ]
 
 
 class Classification:
     Options = Options
     targets = "class"
-    metrics = {"acc": "max", "loss": "min"}
+    metrics = {
+        "acc": "max",
+        "loss": "min",
+        "macro_f1": "max",
+        "balanced_acc": "max",
+        "auroc": "max",  # two classes only
+        "ap": "max",  # two classes only: average precision (area under precision-recall)
+        "precision": "max",
+        "recall": "max",
+        "f1": "max",
+    }
+    vector_metrics = ("precision", "recall", "f1")  # per class: f1/<class name>
 
     def __init__(self, opts: Options, data, meta: dict | None = None):
         self.label_smoothing = opts.label_smoothing
-        self.num_outputs = getattr(data, "num_classes", None)
+        self.num_outputs = k = getattr(data, "num_classes", None)
         if not self.num_outputs:
             found = "values (floats)" if getattr(data, "num_targets", None) else "no class ids"
             raise ConfigError(
@@ -34,23 +82,141 @@ class Classification:
                 f"{found}; use task.name=regression, or convert the labels to class ids "
                 "(e.g. y.long())"
             )
+        self.meta = meta if meta is not None else {}
+        names = self.meta.get("classes") or getattr(data, "classes", None)
+        self.label_names = [str(c) for c in names] if names else [str(i) for i in range(k)]
+        if k != 2:
+            self.metrics = {m: d for m, d in self.metrics.items() if m not in ("auroc", "ap")}
+            if opts.threshold != 0.5:
+                raise ConfigError(
+                    f"task.threshold={opts.threshold} decides between two classes, but the data "
+                    f"has {k}; drop it (the most probable class is predicted)"
+                )
+        self.weights = class_weights(opts.class_weights, self.label_names, self.meta)
+        # The validation of a run with threshold=auto tunes it; evaluate scores with the
+        # checkpoint's (tools/evaluate.py sets tune False), predict and export read it.
+        self.tune = opts.threshold == "auto"
+        saved = self.meta.get("tuned", {}).get("threshold")
+        self.threshold = saved if self.tune and saved is not None else _fixed(opts.threshold)
+        self._weight_copies = {}
+
+    def _weights_on(self, device: torch.device) -> torch.Tensor | None:
+        if self.weights is None:
+            return None
+        if device not in self._weight_copies:  # once: a copy per step would wait for the GPU
+            self._weight_copies[device] = self.weights.to(device)
+        return self._weight_copies[device]
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(output, y, label_smoothing=self.label_smoothing)
+        weight = self._weights_on(output.device)
+        if weight is not None:
+            weight = weight.to(output.dtype)
+        return F.cross_entropy(output, y, weight=weight, label_smoothing=self.label_smoothing)
 
     def decode(self, output: torch.Tensor) -> torch.Tensor:
         return output  # logits
 
+    def decide(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """Class ids (N,) from probabilities (N, K): for two classes the second where its
+        probability reaches the threshold, else the most probable."""
+        if self.num_outputs == 2:
+            return (probabilities[:, 1] >= self.threshold).long()
+        return probabilities.argmax(1)
+
     def sums(self, output: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        # The reported loss is the plain cross-entropy, comparable across label_smoothing.
-        # Per batch in float32; the float64 sums add up over batches and ranks without loss.
-        wide = sums_dtype(y.device)
-        return {
-            "loss": F.cross_entropy(output.float(), y, reduction="sum").to(wide),
-            "correct": (output.argmax(1) == y).sum().to(wide),
+        # The reported loss is the plain cross-entropy, comparable across label_smoothing and
+        # class_weights. Per batch in float32; float64 sums add up over batches and ranks.
+        wide, k = sums_dtype(y.device), self.num_outputs
+        logits = output.float()
+        probabilities = logits.softmax(1)
+        sums = {
+            "loss": F.cross_entropy(logits, y, reduction="sum").to(wide),
             "count": torch.full((), len(y), dtype=wide, device=y.device),
         }
+        if k == 2:  # one bincount: the positive class's probability per bin and class
+            sums["scores"] = ranking.histogram(probabilities[:, 1], y, wide)
+        if not self._from_scores():
+            cells = torch.bincount(y * k + self.decide(probabilities), minlength=k * k)
+            sums["confusion"] = cells.to(wide).view(k, k)  # [true class, predicted class]
+        return sums
+
+    def _from_scores(self) -> bool:
+        """Whether the histogram gives the confusion exactly: two classes and a threshold on
+        a bin edge (0.5, any tuned one), so no second bincount per batch is needed."""
+        return self.num_outputs == 2 and float(self.threshold * ranking.BINS).is_integer()
 
     def summarise(self, sums: dict) -> dict:
-        count = sums["count"]
-        return {"loss": sums["loss"] / count, "acc": sums["correct"] / count, "count": int(count)}
+        count, scores = sums["count"], sums.get("scores")
+        if scores is not None:  # from lists once (~1 ms), not in each ranking function
+            scores = torch.tensor(scores, dtype=torch.float64, device="cpu")
+        if scores is not None and self.tune:  # the F1-best threshold: a bin edge, exact there
+            self.threshold = ranking.best_threshold(scores)[0][0]
+            self.meta["tuned"] = {"threshold": self.threshold}  # saved with the data meta
+        if "confusion" in sums:
+            confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
+        else:
+            confusion = ranking.confusion_at(scores, [self.threshold])[0]
+        metrics = {"loss": sums["loss"] / count, **from_confusion(confusion)}
+        if scores is not None:
+            metrics["auroc"] = ranking.auroc(scores)[0]
+            metrics["ap"] = ranking.average_precision(scores)[0]
+            metrics["threshold"] = self.threshold
+        order = ["loss", *self.metrics, "threshold"]  # as the console and summary show them
+        return {**{m: metrics[m] for m in order if m in metrics}, "count": int(count)}
+
+
+def from_confusion(confusion: torch.Tensor) -> dict:
+    """acc, per-class precision / recall / F1, macro-F1 and balanced accuracy from a K x K
+    confusion matrix [true, predicted]. As scikit-learn: a class never predicted has
+    precision 0; macro-F1 averages the classes present in either, balanced accuracy the
+    recall of the classes present in the targets."""
+    hits, support, predicted = confusion.diagonal(), confusion.sum(1), confusion.sum(0)
+    precision = hits / predicted.clamp(min=1)
+    recall = hits / support.clamp(min=1)
+    f1 = 2 * hits / (support + predicted).clamp(min=1)
+    present = (support + predicted) > 0
+    return {
+        "acc": (hits.sum() / confusion.sum().clamp(min=1)).item(),
+        "macro_f1": f1[present].mean().item() if present.any() else math.nan,
+        "balanced_acc": recall[support > 0].mean().item() if (support > 0).any() else math.nan,
+        "precision": precision.tolist(),
+        "recall": recall.tolist(),
+        "f1": f1.tolist(),
+    }
+
+
+def class_weights(option, names: list[str], meta: dict) -> torch.Tensor | None:
+    """task.class_weights as a (K,) float32 tensor, or None: `auto` from the training split's
+    class counts (data meta: the same on resume and in evaluation), N / (K * count)."""
+    k = len(names)
+    if option == "none":
+        return None
+    if option == "auto":
+        counts = meta.get("class_counts")
+        if counts is None:
+            raise ConfigError(
+                "task.class_weights=auto needs the training split's class counts, which this "
+                "dataset does not provide (no label tensor y); give the weights as a list"
+            )
+        counts = torch.tensor(counts, dtype=torch.float64, device="cpu")
+        weights = counts.sum() / (k * counts.clamp(min=1))
+        return weights.where(counts > 0, 0.0).float()
+    if isinstance(option, dict):
+        unknown = [n for n in option if n not in names]
+        missing = [n for n in names if n not in option]
+        if unknown or missing:
+            wrong = f"{unknown} are not classes" if unknown else f"{missing} have no weight"
+            raise ConfigError(
+                f"task.class_weights: {wrong}; give a weight for each class of {names}"
+            )
+        option = [option[n] for n in names]
+    if len(option) != k:
+        raise ConfigError(
+            f"task.class_weights has {len(option)} weights for the {k} classes {names}; "
+            "give one per class, in this order, or a mapping {class name: weight}"
+        )
+    return torch.tensor(option, dtype=torch.float32, device="cpu")
+
+
+def _fixed(threshold) -> float:
+    return 0.5 if threshold == "auto" else float(threshold)  # auto before any validation

@@ -167,9 +167,15 @@ def table(labels: list[str], summaries: list[dict]) -> str:
 
 
 def plot_overlay(runs: dict[str, dict[str, list[float]]], out: Path, x: str = "step") -> int:
-    """One panel per validation metric, a line per run in its own colour (the same in every
-    panel); returns the number of lines drawn, 0 (and no file) without matplotlib or data."""
-    metrics = list(dict.fromkeys(c for cols in runs.values() for c in cols if c[:4] == "val/"))
+    """One panel per scalar validation metric (a vector's entries, val/f1/<class>, would be
+    a panel per class; they stay in each run's metrics.csv), a line per run in its colour
+    (the same in every panel); returns the number of lines drawn, 0 (and no file) without
+    matplotlib or data."""
+    metrics = list(
+        dict.fromkeys(
+            c for cols in runs.values() for c in cols if c[:4] == "val/" and c.count("/") == 1
+        )
+    )
     if not metrics or not available():
         return 0
     from matplotlib import colormaps

@@ -70,6 +70,7 @@ def evaluate_checkpoint(
         amp = inference_amp(trained, device, option="train.amp")  # before the data is read
         # The checkpoint's data meta: the training run's normalisation, classes and split.
         _, val_set, _, task = build_data(cfg, trained.meta or None)
+        task.tune = False  # the checkpoint's decisions (a tuned threshold), not retuned here
         loader = build_loader(
             val_set,
             cfg.data,
@@ -79,7 +80,8 @@ def evaluate_checkpoint(
             rank=dist.rank,
             world_size=dist.world_size,
         )
-        collector = report.Collector(cfg.task.name, task.num_outputs, device)
+        decide = getattr(task, "decide", None)
+        collector = report.Collector(cfg.task.name, task.num_outputs, device, decide)
         model = trained.model.to(device)
         metrics = evaluate(model, loader, task, device, amp, collector)
         if report_dir:

@@ -215,10 +215,26 @@ def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
         "input_dtype": trained.io["input_dtype"],
         "num_outputs": trained.io["num_outputs"],
         "classes": trained.classes,
+        **_decision(trained),
         "vocab": trained.meta.get("vocab"),
         **contract(trained),
         "parity": parity,
         "torch": str(torch.__version__),
+    }
+
+
+def _decision(trained: Trained) -> dict:
+    """How predict.py decides a classifier's class from the artifact's outputs: with two
+    classes the second where its probability (softmax) reaches the (tuned) threshold."""
+    if trained.classes is None:
+        return {}
+    if len(trained.classes) != 2:
+        return {"decision": "the class of the largest output (argmax)"}
+    threshold = trained.task.threshold
+    return {
+        "threshold": threshold,
+        "decision": f"{trained.classes[1]!r} where softmax(output)[1] >= threshold, else "
+        f"{trained.classes[0]!r}",
     }
 
 

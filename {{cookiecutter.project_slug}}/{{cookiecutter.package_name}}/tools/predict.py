@@ -19,7 +19,8 @@ inf features are refused, naming the row: a prediction from them would be a gues
 model does not know are refused too, so an accuracy is never computed against them. Each
 refusal is one ConfigError naming the input and the fix; nothing is written then.
 
-Outputs are one CSV row per input: its id, the predicted class name and its probability, or
+Outputs are one CSV row per input: its id, the predicted class name, its probability and
+every class's (`prob_<class name>`; with two classes the decision is task.threshold's), or
 the predicted values (regression: in the targets' units, mapped back with meta["target_mean"]
 / meta["target_std"]); plus the known label, if any. The CSV replaces `out` in one step,
 where outputs.check_out allows it. The model runs under the checkpoint's train.amp, as
@@ -69,18 +70,20 @@ def check_options(
 def predict_rows(
     trained: Trained, x: torch.Tensor, device: torch.device, batch_size: int, amp: str = "off"
 ) -> list[list]:
-    """The model's predictions for `x`, batch by batch, under `amp`: [class name, probability]
-    per row for a classifier, else its output values in the targets' units (task.decode)."""
+    """The model's predictions for `x`, batch by batch, under `amp`: [class name, its
+    probability, every class's probability] per row for a classifier (the class decided by
+    the task: with two, task.threshold), else its output values in the targets' units."""
     model, rows = trained.model.to(device), []
     for start in range(0, len(x), batch_size):
         with autocast(device, amp):
             output = model(x[start : start + batch_size].to(device))
         output = trained.task.decode(output.float()).cpu()
         if trained.classes:
-            prob, index = output.float().softmax(-1).max(-1)
+            probabilities = output.float().softmax(-1)
+            index = trained.task.decide(probabilities)
             rows += [
-                [trained.classes[i], round(p, 6)]
-                for i, p in zip(index.tolist(), prob.tolist(), strict=True)
+                [trained.classes[i], round(p[i], 6), *(round(q, 6) for q in p)]
+                for i, p in zip(index.tolist(), probabilities.tolist(), strict=True)
             ]
         else:
             rows += [[round(v, 6) for v in row] for row in output.view(len(output), -1).tolist()]
@@ -124,7 +127,9 @@ def predict(
         outputs.check_out(Path(out), [checkpoint, *inputs], is_predictions, force)
     width = trained.io["num_outputs"]
     values = ["prediction"] if width == 1 else [f"prediction_{i}" for i in range(width)]
-    header = ["prediction", "probability"] if trained.classes else values
+    if trained.classes:  # prob_<class>: every class's probability, in the classes' order
+        values = ["prediction", "probability", *(f"prob_{c}" for c in trained.classes)]
+    header = values
     table, correct, labelled = [], 0, 0
     for _, ids, x, labels in sources:
         for i, row in enumerate(predict_rows(trained, x, target, batch_size, amp)):

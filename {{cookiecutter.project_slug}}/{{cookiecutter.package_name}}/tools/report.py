@@ -37,14 +37,16 @@ class Collector:
     batch (on the device for a classifier: no copy per batch). evaluate hands it outputs in
     the targets' units (task.decode), so regression pairs are the user's numbers."""
 
-    def __init__(self, task: str, num_outputs: int, device: torch.device):
-        self.task, self.k = task, num_outputs
+    def __init__(self, task: str, num_outputs: int, device: torch.device, decide=None):
+        """`decide(probabilities)`: the task's class decision (classification's threshold
+        for two classes); the most probable class without it."""
+        self.task, self.k, self.decide = task, num_outputs, decide
         self.confusion = torch.zeros(num_outputs, num_outputs, dtype=torch.int64, device=device)
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # regression (pred, true)
 
     def __call__(self, output: torch.Tensor, y: torch.Tensor) -> None:
         if self.task == "classification":
-            pred = output.argmax(-1)
+            pred = self.decide(output.float().softmax(-1)) if self.decide else output.argmax(-1)
             cells = torch.bincount(y * self.k + pred, minlength=self.k * self.k)
             self.confusion += cells.view(self.k, self.k)  # rows: true class, columns: predicted
         elif self.task == "regression":

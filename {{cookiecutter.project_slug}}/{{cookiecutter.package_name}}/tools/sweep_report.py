@@ -74,8 +74,9 @@ def report(sweep_dir: Path, trials: list[dict]) -> int:
 def _order(cfg) -> tuple[str, str, str | None, str]:
     """The ranking metric and its mode, then the task's next metric (the tie-break) and its."""
     metric, mode = cfg.best()
-    directions = components("task")[cfg.task.name].metrics
-    after = next((m for m in directions if m != metric), None)
+    task = components("task")[cfg.task.name]
+    directions, vectors = task.metrics, getattr(task, "vector_metrics", ())
+    after = next((m for m in directions if m != metric and m not in vectors), None)
     return metric, mode, after, directions.get(after, "min")
 
 

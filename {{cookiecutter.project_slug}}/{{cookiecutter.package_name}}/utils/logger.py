@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import locks, run_files
+from .metrics import flatten
 from .plots import INSTALL_HINT, available, plot_curves
 from .trackers import open_trackers
 
@@ -74,7 +75,9 @@ class MetricLogger:
         return self.run_dir is not None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Step-level curves (loss, lr, grad norm) for TensorBoard and the trackers."""
+        """Step-level curves (loss, lr, grad norm) for TensorBoard and the trackers; a vector
+        value is logged per entry (`<name>/<index>`: TensorBoard takes scalars only)."""
+        values = flatten(values)
         if self.trackers:  # noted first: a crash right after the log still counts it
             if not self._holds():
                 return  # and the trackers get no step that .tracked_step would not count
@@ -101,7 +104,8 @@ class MetricLogger:
         the wall time since the run started; redraw curves.png if REDRAW_EVERY_S passed."""
         if not self.enabled:  # the row is written inside RunFolder.save, after its check
             return
-        row = {**row, "time/elapsed_s": self._elapsed + time.perf_counter() - self._opened}
+        elapsed = self._elapsed + time.perf_counter() - self._opened
+        row = {**flatten(row), "time/elapsed_s": elapsed}
         self.scalars(int(row["step"]), {k: v for k, v in row.items() if "/" in k})
         _append_csv(self.run_dir / run_files.METRICS, row)
         self._stale = True
@@ -177,7 +181,7 @@ def record_run(output_dir: Path, row: dict) -> None:
         except DAMAGED as exc:  # the run's own result counts more than the old table
             _set_aside(path, exc)
             rows = []
-        rows.append(_formatted(row))
+        rows.append(_formatted(flatten(row)))
         header = list(dict.fromkeys(key for r in rows for key in r))
         _write_csv(path, header, rows)
     finally:

@@ -91,13 +91,14 @@ def read_columns(path: Path) -> dict[str, list[float]]:
 
 def curve_panels(columns: dict[str, list[float]]) -> dict[str, list[str]]:
     """Which columns go in which panel: {panel title: [column, ...]}, empty panels left out.
-    Generic on purpose: every `val/<metric>` the task logs gets its own panel."""
+    Generic on purpose: every `val/<metric>` the task logs gets its own panel, a vector's
+    entries (`val/f1/<class>`) one panel together, a line each."""
     train_loss = [c for c in ("train/loss", "train/epoch_loss") if c in columns][:1]
     val_loss = [c for c in ("val/loss",) if c in columns]
     panels = {"loss": train_loss + val_loss}
     for column in columns:
         if column.startswith("val/") and column != "val/loss":
-            panels[column] = [column]
+            panels.setdefault("/".join(column.split("/")[:2]), []).append(column)
     panels["learning rate"] = [c for c in ("train/lr", "lr") if c in columns][:1]
     return {title: cols for title, cols in panels.items() if cols}
 

@@ -1,0 +1,163 @@
+"""Measure what classification's validation metrics cost against an epoch of training: the
+confusion matrix, the per-class metrics and, for two classes, the score histogram of AUROC,
+average precision and the tuned threshold.
+
+    python scripts/benchmark_metrics.py                   # default CNN + a 10^5-row table
+    python scripts/benchmark_metrics.py --rows 20000 --steps 10 --json
+
+Two cases: the default config (the CNN on synthetic images, 10 classes) and an MLP on a
+table of --rows rows, 10 % positives (two classes: the histogram too), both as training
+builds them (trainer.build_loaders). The epoch's time is --steps timed optimizer steps
+(after two warm-up steps) times the steps of an epoch. The metrics' cost is the time of the
+task's sums over the whole validation split plus its summarise, on model outputs computed
+beforehand (the forward pass is there with or without the metrics), less the same for the
+sums the task had before (loss, correct, count): the `extra` share is what the new metrics
+add, `all` what every validation metric costs. Timings are medians of --repeats.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from {{ cookiecutter.package_name }} import config, trainer
+    from {{ cookiecutter.package_name }}.distributed import DistInfo
+    from {{ cookiecutter.package_name }}.models import build_model
+    from {{ cookiecutter.package_name }}.tools.cli import Parser
+    from {{ cookiecutter.package_name }}.utils.device import resolve_device, sums_dtype
+except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
+    import _bootstrap
+
+    _bootstrap.not_installed(exc)
+
+
+def write_table(path: Path, rows: int) -> Path:
+    g = torch.Generator().manual_seed(0)
+    positive = torch.rand(rows, generator=g) < 0.1
+    x = torch.randn(rows, 20, generator=g) + positive[:, None].float()
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*(f"x{i}" for i in range(20)), "label"])
+        for row, p in zip(x.tolist(), positive.tolist(), strict=True):
+            writer.writerow([f"{v:.4f}" for v in row] + ["yes" if p else "no"])
+    return path
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def old_sums(output: torch.Tensor, y: torch.Tensor) -> dict:
+    """What classification summed before the per-class metrics: the baseline."""
+    wide = sums_dtype(y.device)
+    return {
+        "loss": F.cross_entropy(output.float(), y, reduction="sum").to(wide),
+        "correct": (output.argmax(1) == y).sum().to(wide),
+        "count": torch.full((), len(y), dtype=wide, device=y.device),
+    }
+
+
+def validation_time(sums, summarise, batches, device) -> float:
+    """Seconds to add up `sums` over the batches and turn them into metrics (one .tolist(),
+    as validation.evaluate reads them)."""
+    _sync(device)
+    start = time.perf_counter()
+    totals = None
+    for output, y in batches:
+        part = sums(output, y)
+        totals = part if totals is None else {k: totals[k] + v for k, v in part.items()}
+    summarise({k: v.tolist() for k, v in totals.items()})
+    return time.perf_counter() - start
+
+
+def measure(name: str, cfg, steps: int, repeats: int) -> dict:
+    device = resolve_device(cfg.run.device)
+    data = trainer.build_loaders(cfg, DistInfo(), device)
+    model = build_model(cfg.model, data.example, data.task.num_outputs).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    batches = iter(data.train_loader)
+    timed = []
+    for step in range(steps + 2):  # two warm-up steps
+        x, y = (t.to(device) for t in next(batches))
+        _sync(device)
+        start = time.perf_counter()
+        data.task.loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        if step >= 2:
+            timed.append(time.perf_counter() - start)
+    epoch_s = statistics.median(timed) * data.steps_per_epoch
+    with torch.no_grad():
+        model.eval()
+        outputs = [(model(x.to(device)), y.to(device)) for x, y in data.val_loader]
+    task = data.task
+    new = statistics.median(
+        validation_time(task.sums, task.summarise, outputs, device) for _ in range(repeats)
+    )
+    old = statistics.median(
+        validation_time(old_sums, lambda s: s, outputs, device) for _ in range(repeats)
+    )
+    return {
+        "case": name,
+        "device": str(device),
+        "classes": task.num_outputs,
+        "val_samples": len(data.val_set),
+        "epoch_s": epoch_s,
+        "metrics_s": new,
+        "baseline_s": old,
+        "extra_share": max(new - old, 0.0) / epoch_s,
+        "all_share": new / epoch_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of the table case")
+    parser.add_argument("--steps", type=int, default=20, help="timed training steps per case")
+    parser.add_argument("--repeats", type=int, default=5, help="timings of the metrics")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("overrides", nargs="*", help="key=value settings for both cases")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        table = write_table(Path(folder) / "table.csv", args.rows)
+        cases = {
+            "default CNN": config.load_config(None, args.overrides),
+            f"{args.rows}-row table, MLP": config.load_config(
+                None,
+                [
+                    "data.name=csv",
+                    f"data.path={table}",
+                    "data.label=label",
+                    "model.name=mlp",
+                    *args.overrides,
+                ],
+            ),
+        }
+        results = [measure(name, cfg, args.steps, args.repeats) for name, cfg in cases.items()]
+    if args.json:
+        print(json.dumps({"results": results}))
+        return 0
+    for r in results:
+        print(
+            f"{r['case']} ({r['classes']} classes, {r['val_samples']} val samples, "
+            f"{r['device']}): epoch {r['epoch_s']:.2f} s; validation metrics "
+            f"{1e3 * r['metrics_s']:.1f} ms (before: {1e3 * r['baseline_s']:.1f} ms) = "
+            f"{100 * r['extra_share']:.3f} % of an epoch added, "
+            f"{100 * r['all_share']:.3f} % in all"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -134,6 +134,12 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
     """The datasets, this rank's loaders and the task; checks the batch fits the data. The
     inputs are read as the model continued reads them: `state`'s, else train.init_from's (its
     data part: the weights are mapped, not read; under fsdp rank 0 alone loads them)."""
+    targets = TASKS[cfg.task.name].targets
+    if cfg.data.sampler == "balanced" and targets != "class":
+        raise ConfigError(
+            f"data.sampler=balanced draws by class, and task.name={cfg.task.name} has "
+            f"{targets} targets, not classes; use data.sampler=shuffle"
+        )
     like = state or (cfg.train.init_from and checkpoint.load(cfg.train.init_from, mmap=True))
     train_set, val_set, meta, task = build_data(cfg, like=(like or {}).get("data"))
     # Each rank reads its own shard; pinned memory only helps host-to-GPU copies.

@@ -181,7 +181,8 @@ def build_loader(
     the same number of times; evaluation loaders keep every sample exactly once."""
     # Datasets with random augmentation get a seed with each index (`seeded_items`).
     seeded = train and getattr(source_of(dataset), "seeded_items", False)
-    sampler = ShardedSampler(len(dataset), rank, world_size, train, seed, train, seeded)
+    labels = train_labels(dataset) if train and cfg.sampler == "balanced" else None
+    sampler = ShardedSampler(len(dataset), rank, world_size, train, seed, train, seeded, labels)
     batching = dict(batch_size=batch_size, sampler=sampler, drop_last=train)
     if isinstance(source_of(dataset), InMemoryDataset):
         # Whole batches of indices go to dataset[...] (one gather); torch's documented way
@@ -200,6 +201,24 @@ def build_loader(
         # the extra part keeps it apart from the rank's own seed (trainer.prepare_process).
         generator=torch.Generator().manual_seed(mix_seed(seed, rank, LOADER_STREAM)),
     )
+
+
+def train_labels(dataset: Dataset) -> torch.Tensor:
+    """The class id of each sample of `dataset` (a Split of a pool, or a dataset of its own),
+    for data.sampler=balanced: the pool's `y` where it holds one, else one pass over it."""
+    source, rows = source_of(dataset), None
+    if isinstance(dataset, Subset):
+        rows = torch.as_tensor(list(dataset.indices), dtype=torch.int64)
+    y = class_labels(source)
+    if y is None:
+        y = torch.stack([torch.as_tensor(source[i][1]) for i in range(len(source))])
+    labels = y if rows is None else y[rows]
+    if labels.dim() != 1 or labels.is_floating_point():
+        raise ConfigError(
+            "data.sampler=balanced draws by class and needs one class id per sample; use "
+            "data.sampler=shuffle for these targets"
+        )
+    return labels.long()
 
 
 class _Loader(DataLoader):

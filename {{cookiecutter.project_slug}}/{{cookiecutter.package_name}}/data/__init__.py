@@ -69,13 +69,53 @@ def build_datasets(cfg, targets: str, meta: dict | None = None, like: dict | Non
         match_inputs(val, getattr(train, "meta", None), "the checkpoint" if named else "")
         meta = _prepare(train, range(len(train)), saved)
         _prepare(val, None, meta)
-        return train, val, {**meta, **target_stats(train, range(len(train)), targets, saved)}
+        check_own_val(len(val), saved)
+        stats = target_stats(train, range(len(train)), targets, saved)
+        return train, val, {**meta, **stats, "val_samples": len(val)}
     pool = source(opts, "train" if own_val else "all")
     match_inputs(pool, like)
     train_idx, val_idx, split = _split(pool, cfg)
     check_split(split, saved)
     meta = {**_prepare(pool, train_idx, saved), **target_stats(pool, train_idx, targets, saved)}
     return Split(pool, train_idx), Split(pool, val_idx), {**meta, "split": split}
+
+
+def build_test_set(
+    cfg, targets: str, meta: dict, path: str | None = None, source_name: str = "the checkpoint"
+):
+    """The held-out test split (data.test_path of a table or a text, an image folder's test/)
+    read with `meta`'s preprocessing (the training run's, or a checkpoint's), or None when
+    the data has none. Never trained on, never used to choose best.pt. `path`: another
+    labelled file or folder to score instead (evaluate.py --data)."""
+    source = DATASETS[cfg.name]
+    opts = cfg.options
+    if getattr(opts, "targets", None) == "auto":
+        opts = replace(opts, targets=targets)
+    if path is not None:
+        option = getattr(source, "test_option", None)
+        if option is None:
+            raise ConfigError(
+                f"data.name={cfg.name} reads no other labelled file; evaluate.py --data is "
+                "for CSV tables, text files and image folders"
+            )
+        opts = replace(opts, **{option: path})
+    if not getattr(source, "has_test_split", lambda _: False)(opts):
+        return None
+    test = source(opts, "test")
+    match_inputs(test, meta, source_name)
+    _prepare(test, None, meta)
+    return test
+
+
+def check_test_split(test, meta: dict | None) -> None:
+    """Refuse a test split of another size than the one a checkpoint's `meta` recorded."""
+    saved = (meta or {}).get("test")
+    if saved and saved.get("samples") != len(test):
+        raise ConfigError(
+            f"the test split has {len(test)} samples, the training run's had "
+            f"{saved['samples']} ({saved.get('path')}): the test data changed; score another "
+            "labelled file with evaluate.py --data FILE"
+        )
 
 
 def match_inputs(dataset, like: dict | None, source: str = "the checkpoint") -> None:
@@ -124,7 +164,31 @@ def _split(pool: Dataset, cfg) -> tuple[list[int], list[int], dict]:
     return train, val, {"train": len(train), "val": len(val), "checksum": checksum}
 
 
-def check_split(split: dict, meta: dict | None, fix: str = "evaluate on the same data") -> None:
+# Where evaluation of other rows is meant to go: the README's "Validation split".
+OTHER_ROWS = (
+    "evaluate on the same data; score another labelled table with evaluate.py --data FILE, "
+    "or the run's data.test_path with --split test"
+)
+
+
+def check_own_val(samples: int, meta: dict | None) -> None:
+    """Refuse to evaluate a validation table (data.val_path) or val folder other than the
+    checkpoint's: one that held out rows of its pool then, or one of another size."""
+    meta = meta or {}
+    then = meta["split"]["val"] if meta.get("split") else meta.get("val_samples")
+    if then is not None and then != samples:
+        raise ConfigError(
+            f"the validation split differs from the training run's ({samples} samples now, "
+            f"{then} then): data.val_path or the data changed; {OTHER_ROWS}"
+        )
+    if meta.get("split"):
+        raise ConfigError(
+            "the training run held out data.val_fraction of its data for validation, and "
+            f"this config gives a validation table or folder of its own; {OTHER_ROWS}"
+        )
+
+
+def check_split(split: dict, meta: dict | None, fix: str = OTHER_ROWS) -> None:
     """Refuse a validation split other than the one recorded in a checkpoint's `meta`: it
     has the same sizes and the same validation rows (a checksum of their indices)."""
     saved = (meta or {}).get("split")

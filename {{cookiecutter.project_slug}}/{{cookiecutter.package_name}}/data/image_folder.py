@@ -95,7 +95,8 @@ class ImageFolder(Dataset):
         folder = {"val": root / "val", "test": Path(opts.test_root or root / "test")}
         self.path = folder = folder.get(split, train_dir)
         held_out = split in ("val", "test")  # may lack a class, not add one
-        self.files, labels = find_images(folder, self.classes, must_have_all=not held_out)
+        skip = "test" if folder == root else ""  # one pool's test/ holds no class
+        self.files, labels = find_images(folder, self.classes, not held_out, skip)
         self.y = torch.tensor(labels, dtype=torch.int64)  # stratifies the held-out split
         self.num_classes = len(self.classes)
         # Which samples are augmented: the training rows, which prepare() is told.
@@ -205,12 +206,16 @@ def class_names(folder: Path, skip: str = "") -> list[str]:
     return names
 
 
-def find_images(folder: Path, classes: list[str], must_have_all: bool):
+def find_images(folder: Path, classes: list[str], must_have_all: bool, skip: str = ""):
     """(files, class ids) under folder/<class>/, in sorted order. Training folders need
     images in every class; a val/ folder may lack classes, but not add any."""
     if not folder.is_dir():
         raise ConfigError(f"image folder {str(folder)!r} not found; expected {LAYOUT}")
-    present = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    present = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and p.name != skip
+    )
     extra = [name for name in present if name not in classes]
     if extra:
         raise ConfigError(

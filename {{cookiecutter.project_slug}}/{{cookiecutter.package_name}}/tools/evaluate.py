@@ -5,6 +5,7 @@ outputs.py (the report folder: report.check_folder)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from . import cli, outputs
@@ -137,7 +138,12 @@ def held_out(trained, data: str | None):
             "read a test split as its training run did; evaluate a training checkpoint"
         )
     targets = TASKS[cfg.task.name].targets
-    scored = build_test_set(cfg.data, targets, trained.meta, data)
+    try:
+        scored = build_test_set(cfg.data, targets, trained.meta, data)
+    except ConfigError as exc:  # the reader names its option; --data is what set it here
+        if data is None:
+            raise
+        raise ConfigError(re.sub(r"\bdata\.test_(path|root)\b", "--data", str(exc))) from None
     if scored is None:
         raise ConfigError(
             f"checkpoint {trained.path!r} records no test split and the config sets none; "

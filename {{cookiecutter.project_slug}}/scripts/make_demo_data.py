@@ -2,7 +2,8 @@ r"""Write small demo datasets under data/demo/, made on the spot (no download), 
 configs in configs/experiments/ and for trying the data formats before using your own.
 
     python scripts/make_demo_data.py              # all of them
-    python scripts/make_demo_data.py csv          # only data/demo/regression.csv, classes.csv
+    python scripts/make_demo_data.py csv          # only data/demo/regression.csv, classes.csv,
+                                                  # classes_test.csv
     python scripts/make_demo_data.py text         # only data/demo/text.txt
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
     python scripts/make_demo_data.py --out /tmp/demo csv
@@ -30,7 +31,8 @@ except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says s
 
 def write_csv(out: Path) -> list[Path]:
     """regression.csv: y from 8 features (linear, an interaction and a sine, plus noise);
-    classes.csv: 2,000 rows of 20 features in 3 classes (Gaussian blobs, partly overlapping)."""
+    classes.csv: 2,000 rows of 20 features in 3 classes (Gaussian blobs, partly overlapping);
+    classes_test.csv: 500 more rows of the same classes, held out."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 8, generator=g)
     y = 2 * x[:, 0] - x[:, 1] + 0.5 * x[:, 2] * x[:, 3] + torch.sin(2 * x[:, 4])
@@ -47,7 +49,18 @@ def write_csv(out: Path) -> list[Path]:
         "species",
         [names[i] for i in labels.tolist()],
     )
-    return [regression, classes]
+    # 500 more rows of the same blobs: a held-out test table (table_with_test.yaml). Drawn
+    # after the others, so regression.csv and classes.csv stay as they were.
+    labels = torch.randint(3, (500,), generator=g)
+    rows = centres[labels] + torch.randn(500, 20, generator=g)
+    test = _table(
+        out / "classes_test.csv",
+        [f"f{i}" for i in range(20)],
+        rows,
+        "species",
+        [names[i] for i in labels.tolist()],
+    )
+    return [regression, classes, test]
 
 
 def _table(path: Path, columns: list[str], x: torch.Tensor, label: str, y: list) -> Path:

@@ -109,6 +109,7 @@ EXPECTED = {
     "PKG/utils/run_files.py",
     "PKG/data/__init__.py",
     "PKG/data/sampler.py",
+    "PKG/data/held_out.py",
     "PKG/data/synthetic.py",
     "PKG/data/tensor_files.py",
     "PKG/data/in_memory.py",

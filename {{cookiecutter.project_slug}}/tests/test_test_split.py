@@ -16,7 +16,7 @@ from PIL import Image
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint, evaluate_main
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 README = " ".join((ROOT / "README.md").read_text().split())  # words, not line breaks
@@ -64,9 +64,7 @@ def refused(capsys, *argv: str) -> str:
     return err
 
 
-def test_the_test_table_is_scored_once_at_the_end_with_best_pt_and_recorded(
-    tmp_path, capsys
-):
+def test_the_test_table_is_scored_once_at_the_end_with_best_pt_and_recorded(tmp_path, capsys):
     test = write_table(tmp_path / "test.csv", 120, 1)
     capsys.readouterr()
     fit(load_config(None, table_run(tmp_path, f"data.test_path={test}")))
@@ -88,7 +86,9 @@ def test_the_test_table_is_scored_once_at_the_end_with_best_pt_and_recorded(
     assert f"--checkpoint {best} --split test" in out  # the next commands name it
     # The test table changed since: refused, pointing at --data.
     write_table(tmp_path / "test.csv", 100, 1)
-    assert "evaluate.py --data FILE" in refused(capsys, "--checkpoint", str(best), "--split", "test")
+    assert "evaluate.py --data FILE" in refused(
+        capsys, "--checkpoint", str(best), "--split", "test"
+    )
 
 
 def test_evaluate_data_scores_any_labelled_table_with_the_checkpoints_columns(tmp_path, capsys):
@@ -130,15 +130,20 @@ def test_a_val_fraction_of_0_2_trains_and_evaluates(tmp_path, capsys):
 
 
 def test_checkpoints_from_before_the_test_split_still_evaluate(tmp_path, capsys):
-    fit(load_config(None, table_run(tmp_path, "data.val_path=" + write_table(
-        tmp_path / "val.csv", 60, 4))))
+    fit(
+        load_config(
+            None, table_run(tmp_path, "data.val_path=" + write_table(tmp_path / "val.csv", 60, 4))
+        )
+    )
     best = tmp_path / "runs" / "default" / "best.pt"
     state = checkpoint.load(best)
     state["data"].pop("val_samples")  # as saved before this key existed
     torch.save(state, best)
     assert evaluated(capsys, "--checkpoint", str(best))["count"] == 60
     test = write_table(tmp_path / "test.csv", 30, 5)
-    scored = evaluated(capsys, "--checkpoint", str(best), "--split", "test", f"data.test_path={test}")
+    scored = evaluated(
+        capsys, "--checkpoint", str(best), "--split", "test", f"data.test_path={test}"
+    )
     assert scored["count"] == 30
 
 
@@ -169,7 +174,9 @@ def test_an_image_folders_test_subfolder_is_held_out_and_not_a_class(tmp_path, c
     fit(load_config(None, args))
     state = checkpoint.load(tmp_path / "runs" / "default" / "best.pt")
     assert state["data"]["classes"] == ["cat", "dog"] and state["data"]["test"]["samples"] == 6
-    scored = evaluated(capsys, "--checkpoint", str(tmp_path / "runs/default/best.pt"), "--split", "test")
+    scored = evaluated(
+        capsys, "--checkpoint", str(tmp_path / "runs/default/best.pt"), "--split", "test"
+    )
     assert scored["count"] == 6
 
 

@@ -47,7 +47,6 @@ class Data:
     io: dict  # the model's input shape and dtype and output size (models.model_io), saved
     steps_per_epoch: int
     effective_batch: int  # batch_size x grad_accum_steps x ranks: samples per optimizer step
-    test_set: Dataset | None = None  # data.test_path etc.: scored once at the end (trainer)
 
 
 @dataclass

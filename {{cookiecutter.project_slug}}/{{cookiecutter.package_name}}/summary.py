@@ -19,8 +19,9 @@ REASONS = {
 }
 
 
-def run_row(cfg: Config, progress: Progress) -> dict:
-    """The run's line in checkpoints/runs.csv."""
+def run_row(cfg: Config, progress: Progress, test: tuple[dict, str] | None = None) -> dict:
+    """The run's line in checkpoints/runs.csv; `test`: the test split's (metrics, model)."""
+    tested = {f"test_{k}": v for k, v in test[0].items()} | {"test_model": test[1]} if test else {}
     return {
         "run": cfg.run.name,
         "task": cfg.task.name,
@@ -29,6 +30,7 @@ def run_row(cfg: Config, progress: Progress) -> dict:
         "steps": progress.step,
         f"best_val_{cfg.best()[0]}": progress.best,
         **{f"val_{k}": v for k, v in progress.metrics.items()},
+        **tested,
     }
 
 

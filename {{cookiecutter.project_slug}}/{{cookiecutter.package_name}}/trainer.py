@@ -12,7 +12,6 @@ README.md for the launch commands.
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from pathlib import Path
@@ -24,14 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint, distributed, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config, to_dict
-from .data import (
-    build_datasets,
-    build_loader,
-    build_test_set,
-    close_loader,
-    example_inputs,
-    source_of,
-)
+from .data import build_datasets, build_loader, close_loader, example_inputs, source_of
 from .distributed import DistInfo
 from .errors import EXIT_STOPPED, ConfigError
 from .loop import Data, Loop, NonFiniteLoss, Trainee, run_epochs
@@ -51,7 +43,7 @@ from .utils.logger import MetricLogger, human_count, record_run
 from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
 from .utils.trackers import check_installed
-from .validation import evaluate
+from .validation import evaluate, held_out_test, score_test
 
 __all__ = ["EXIT_PREEMPTED", "NonFiniteLoss", "build_data", "evaluate", "fit"]
 
@@ -90,6 +82,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         state, resumed_from = ckpts.find()
         # Then the data, read as that checkpoint's model reads it (a CSV's columns by name).
         data = build_loaders(cfg, dist, device, state)
+        test_set = held_out_test(cfg, data)  # read and checked now; recorded in data.meta
         trainee = build_trainee(cfg, data, dist, device, resumed_from)
         if state is not None:
             restore(cfg, dist, ckpts, state, data, trainee, progress)
@@ -106,7 +99,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         vote = distributed.StopVote(stop, device, progress.step)
         loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote)
         metrics, stopped = run_epochs(loop, ckpts)
-        test = score_test(cfg, dist, device, data, trainee) if stopped in COMPLETE else None
+        test = score_test(cfg, dist, device, data, trainee, test_set, stopped in COMPLETE)
         if dist.is_main:
             log.close()  # draws the last curves.png, which the summary lists
             summarise(cfg, progress, stopped, data.meta, time.perf_counter() - started, test)
@@ -143,18 +136,8 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
     """The datasets, this rank's loaders and the task; checks the batch fits the data. The
     inputs are read as the model continued reads them: `state`'s, else train.init_from's (its
     data part: the weights are mapped, not read; under fsdp rank 0 alone loads them)."""
-    targets = TASKS[cfg.task.name].targets
-    if cfg.data.sampler == "balanced" and targets != "class":
-        raise ConfigError(
-            f"data.sampler=balanced draws by class, and task.name={cfg.task.name} has "
-            f"{targets} targets, not classes; use data.sampler=shuffle"
-        )
     like = state or (cfg.train.init_from and checkpoint.load(cfg.train.init_from, mmap=True))
     train_set, val_set, meta, task = build_data(cfg, like=(like or {}).get("data"))
-    # Read and checked now, before anything is written; recorded as the val split is.
-    test_set = build_test_set(cfg.data, targets, meta, source_name="the training table")
-    if test_set is not None:
-        meta = {**meta, "test": {"path": str(test_set.path), "samples": len(test_set)}}
     # Each rank reads its own shard; pinned memory only helps host-to-GPU copies.
     loader_args = dict(
         cfg=cfg.data,
@@ -194,7 +177,6 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
         io=io,
         steps_per_epoch=steps_per_epoch,
         effective_batch=effective_batch,
-        test_set=test_set,
     )
 
 
@@ -297,47 +279,13 @@ def open_run_folder(
     return log
 
 
-def score_test(cfg: Config, dist: DistInfo, device, data: Data, trainee: Trainee):
-    """(metrics, which model) on the test split, once at the end of a complete run (every rank
-    takes part), or None without one: best.pt's weights where the run has one, else the final
-    model's (fsdp: best.pt is sharded; evaluate.py --split test scores its consolidated file)."""
-    if data.test_set is None:
-        return None
-    distributed.barrier()  # rank 0 has written best.pt
-    best = Path(cfg.run.output_dir) / cfg.run.name / "best.pt"
-    model, which = trainee.model, "final model"
-    if best.is_file() and not parallel.is_sharded(model):
-        model, which = copy.deepcopy(model), "best.pt"
-        weights = checkpoint.model_weights(checkpoint.load(best), best)
-        checkpoint.load_model_state(model, weights, str(best))
-    batch = 2 * cfg.train.batch_size
-    args = dict(seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
-    loader = build_loader(data.test_set, cfg.data, batch, train=False, **args)
-    try:
-        loader = parallel.even_batches(loader, model, device)  # fsdp: ranks in lockstep
-        return evaluate(model, loader, data.task, device, cfg.train.amp), which
-    finally:
-        close_loader(loader)
-
-
-def summarise(
-    cfg: Config,
-    progress: Progress,
-    stopped: str | None,
-    meta: dict,
-    seconds: float,
-    test: tuple[dict, str] | None = None,
-) -> None:
-    """Where a stopped run was saved; or a complete run's line in runs.csv and its summary,
-    with the test split's metrics (`test`: score_test's) where the run has one."""
+def summarise(cfg: Config, progress: Progress, stopped, meta: dict, seconds: float, test=None):
+    """Where a stopped run was saved; or a complete run's runs.csv line and summary (+ test)."""
     if stopped not in COMPLETE:
         last = Path(cfg.run.output_dir) / cfg.run.name / "last.pt"
         print(f"stopped ({stopped}) at step {progress.step}; saved {last}")
         return
-    row = run_row(cfg, progress)
-    if test is not None:
-        row |= {f"test_{k}": v for k, v in test[0].items()} | {"test_model": test[1]}
-    record_run(Path(cfg.run.output_dir), row)
+    record_run(Path(cfg.run.output_dir), run_row(cfg, progress, test))
     print(summary(cfg, progress, stopped or "finished", meta, seconds, test))
 
 

@@ -30,9 +30,10 @@ from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
+from .held_out import OTHER_ROWS, check_own_val
 from .image_folder import ImageFolder
 from .in_memory import InMemoryDataset, mean_and_std
-from .sampler import ShardedSampler
+from .sampler import ShardedSampler, train_labels
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
 from .text import TextChars
@@ -107,17 +108,6 @@ def build_test_set(
     return test
 
 
-def check_test_split(test, meta: dict | None) -> None:
-    """Refuse a test split of another size than the one a checkpoint's `meta` recorded."""
-    saved = (meta or {}).get("test")
-    if saved and saved.get("samples") != len(test):
-        raise ConfigError(
-            f"the test split has {len(test)} samples, the training run's had "
-            f"{saved['samples']} ({saved.get('path')}): the test data changed; score another "
-            "labelled file with evaluate.py --data FILE"
-        )
-
-
 def match_inputs(dataset, like: dict | None, source: str = "the checkpoint") -> None:
     """Read `dataset`'s inputs as the model of `like` (a data meta) reads them: the one
     comparison of a run's data with a checkpoint's that its inputs depend on by name, for a
@@ -162,30 +152,6 @@ def _split(pool: Dataset, cfg) -> tuple[list[int], list[int], dict]:
     # A checksum of the validation rows: evaluation refuses a split that differs (data changed).
     checksum = zlib.crc32(torch.tensor(val, dtype=torch.int64).numpy().tobytes())
     return train, val, {"train": len(train), "val": len(val), "checksum": checksum}
-
-
-# Where evaluation of other rows is meant to go: the README's "Validation split".
-OTHER_ROWS = (
-    "evaluate on the same data; score another labelled table with evaluate.py --data FILE, "
-    "or the run's data.test_path with --split test"
-)
-
-
-def check_own_val(samples: int, meta: dict | None) -> None:
-    """Refuse to evaluate a validation table (data.val_path) or val folder other than the
-    checkpoint's: one that held out rows of its pool then, or one of another size."""
-    meta = meta or {}
-    then = meta["split"]["val"] if meta.get("split") else meta.get("val_samples")
-    if then is not None and then != samples:
-        raise ConfigError(
-            f"the validation split differs from the training run's ({samples} samples now, "
-            f"{then} then): data.val_path or the data changed; {OTHER_ROWS}"
-        )
-    if meta.get("split"):
-        raise ConfigError(
-            "the training run held out data.val_fraction of its data for validation, and "
-            f"this config gives a validation table or folder of its own; {OTHER_ROWS}"
-        )
 
 
 def check_split(split: dict, meta: dict | None, fix: str = OTHER_ROWS) -> None:
@@ -265,24 +231,6 @@ def build_loader(
         # the extra part keeps it apart from the rank's own seed (trainer.prepare_process).
         generator=torch.Generator().manual_seed(mix_seed(seed, rank, LOADER_STREAM)),
     )
-
-
-def train_labels(dataset: Dataset) -> torch.Tensor:
-    """The class id of each sample of `dataset` (a Split of a pool, or a dataset of its own),
-    for data.sampler=balanced: the pool's `y` where it holds one, else one pass over it."""
-    source, rows = source_of(dataset), None
-    if isinstance(dataset, Subset):
-        rows = torch.as_tensor(list(dataset.indices), dtype=torch.int64)
-    y = class_labels(source)
-    if y is None:
-        y = torch.stack([torch.as_tensor(source[i][1]) for i in range(len(source))])
-    labels = y if rows is None else y[rows]
-    if labels.dim() != 1 or labels.is_floating_point():
-        raise ConfigError(
-            "data.sampler=balanced draws by class and needs one class id per sample; use "
-            "data.sampler=shuffle for these targets"
-        )
-    return labels.long()
 
 
 class _Loader(DataLoader):

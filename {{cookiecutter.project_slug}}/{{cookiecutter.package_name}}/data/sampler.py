@@ -16,9 +16,11 @@ epoch keeps its length, and sharding, `start` and resume work on the draw as on 
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler, Subset
 
+from ..errors import ConfigError
 from ..utils.seed import mix_seed
+from .folds import class_labels
 
 
 class ShardedSampler(Sampler[int]):
@@ -91,8 +93,27 @@ class ShardedSampler(Sampler[int]):
         first, end = self.start + self.rank, self.start + len(order)
         positions = range(first, end, self.world_size)
         return iter(
-            (i, mix_seed(self.seed, self.epoch, i, p)) for i, p in zip(indices, positions, strict=True)
+            (i, mix_seed(self.seed, self.epoch, i, p))
+            for i, p in zip(indices, positions, strict=True)
         )
 
     def __len__(self) -> int:
         return len(range(self.rank, len(self._global_order()), self.world_size))
+
+
+def train_labels(dataset: Dataset) -> torch.Tensor:
+    """The class id of each sample of `dataset` (a Split of a pool, or a dataset of its own),
+    for data.sampler=balanced: the pool's `y` where it holds one, else one pass over it."""
+    source, rows = dataset, None
+    if isinstance(dataset, Subset):  # a Split of one pool (data/__init__.py)
+        source, rows = dataset.dataset, torch.as_tensor(list(dataset.indices), dtype=torch.int64)
+    y = class_labels(source)
+    if y is None:
+        y = torch.stack([torch.as_tensor(source[i][1]) for i in range(len(source))])
+    labels = y if rows is None else y[rows]
+    if labels.dim() != 1 or labels.is_floating_point():
+        raise ConfigError(
+            "data.sampler=balanced draws by class and needs one class id per sample; use "
+            "data.sampler=shuffle for these targets"
+        )
+    return labels.long()

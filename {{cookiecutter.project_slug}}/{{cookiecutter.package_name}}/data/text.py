@@ -91,7 +91,6 @@ class TextChars(InMemoryDataset):
             )
         return self.meta
 
-
     def _encode_as(self, vocab: str) -> None:
         known = set(vocab)
         unknown = next((c for c in dict.fromkeys(self.text) if c not in known), None)

@@ -8,8 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from . import cli, outputs
 from ..errors import ConfigError
+from . import cli, outputs
 from .cli import guard, make_parser
 
 
@@ -112,7 +112,10 @@ def evaluate_checkpoint(
         metrics = evaluate(model, loader, task, device, amp, collector)
         if report_dir:
             collector.finish()  # a collective: every rank takes part
-        scored_as = {"data": data} if data is not None else {"split": split}
+        # What other than the validation split was scored (its metrics stay as they were).
+        scored_as = {"data": data} if data is not None else {}
+        if split == "test":
+            scored_as = {"split": "test"}
         metrics = {"checkpoint": path, "step": trained.step, **scored_as, **metrics}
         if report_dir and dist.is_main:
             classes = trained.meta.get("classes")
@@ -128,7 +131,8 @@ def evaluate_checkpoint(
 def held_out(trained, data: str | None):
     """The run's test split, or the labelled file `data`, read as the checkpoint's model reads
     its inputs (columns by name, its normalisation, classes and vocabulary)."""
-    from ..data import build_test_set, check_test_split
+    from ..data import build_test_set
+    from ..data.held_out import check_test_split
     from ..tasks import TASKS
 
     cfg = trained.cfg

@@ -3,7 +3,7 @@ configs in configs/experiments/ and for trying the data formats before using you
 
     python scripts/make_demo_data.py              # all of them
     python scripts/make_demo_data.py csv          # only data/demo/*.csv (regression, classes,
-                                                  # imbalanced)
+                                                  # classes_test, imbalanced)
     python scripts/make_demo_data.py text         # only data/demo/text.txt
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
     python scripts/make_demo_data.py --out /tmp/demo csv
@@ -32,6 +32,7 @@ except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says s
 def write_csv(out: Path) -> list[Path]:
     """regression.csv: y from 8 features (linear, an interaction and a sine, plus noise);
     classes.csv: 2,000 rows of 20 features in 3 classes (Gaussian blobs, partly overlapping);
+    classes_test.csv: 500 more rows of the same classes, held out;
     imbalanced.csv: 4,000 rows of 10 features, 10 % of them positive (fraud: yes)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 8, generator=g)
@@ -49,7 +50,18 @@ def write_csv(out: Path) -> list[Path]:
         "species",
         [names[i] for i in labels.tolist()],
     )
-    return [regression, classes, write_imbalanced(out / "imbalanced.csv", g)]
+    # 500 more rows of the same blobs: a held-out test table (table_with_test.yaml). Drawn
+    # after the others, so regression.csv and classes.csv stay as they were.
+    labels = torch.randint(3, (500,), generator=g)
+    rows = centres[labels] + torch.randn(500, 20, generator=g)
+    test = _table(
+        out / "classes_test.csv",
+        [f"f{i}" for i in range(20)],
+        rows,
+        "species",
+        [names[i] for i in labels.tolist()],
+    )
+    return [regression, classes, test, write_imbalanced(out / "imbalanced.csv", g)]
 
 
 def write_imbalanced(path: Path, g: torch.Generator) -> Path:

@@ -478,3 +478,32 @@ def test_combination(case, data, bases, tmp_path):
             # validation, runs under train.amp: predict computes in fp32).
             if "--split" in tool_args and saved["config"]["train"]["amp"] == "off":
                 assert_close(acc, best["acc"], f"{rerun}\npredict's accuracy")
+
+
+def test_the_table_with_a_test_split_example(data, tmp_path):
+    """configs/experiments/table_with_test.yaml: trains, scores its test table once at the end
+    (with best.pt), and the summary's commands work: evaluate --split test (equal to what the
+    run recorded), predict, export; a stop and resume does not score the test table twice."""
+    out = tmp_path / "runs"
+    args = ["--config", str(CONFIGS / "table_with_test.yaml"), f"data.path={data / 'classes.csv'}"]
+    args += [f"data.test_path={data / 'classes_test.csv'}", "model.width=16", *COMMON]
+    args += [f"run.device={DEVICE}", f"run.output_dir={out}"]
+    code, first = launch(args, stop_after_announce=True)
+    assert code == trainer.EXIT_PREEMPTED and "test (" not in first, first[-3000:]
+    code, text = launch([*args, "train.resume=auto"])
+    assert_no_traceback(text, shlex.join(args))
+    assert code == 0, text[-3000:]
+    lines = [line for line in text.splitlines() if line.lstrip().startswith("test (")]
+    assert len(lines) == 1 and "test (best.pt" in lines[0], text[-3000:]
+    row = recorded(out, "table_with_test")
+    assert int(row["test_count"]) == 500 and row["test_model"] == "best.pt"
+    commands = next_commands(text)
+    script, *tool_args = commands["test"]
+    scored = json.loads(tool(script, [*tool_args, "--json"]).strip().splitlines()[-1])
+    assert scored["split"] == "test" and scored["count"] == 500
+    assert_close(scored["acc"], float(row["test_acc"]), "evaluate --split test's acc")
+    for what in ("predict", "export"):
+        script, *tool_args = commands[what]
+        tool(script, tool_args)
+    exported = sorted((out / "table_with_test").glob("best.*.json"))
+    assert exported and json.loads(exported[0].read_text())["input"]["columns"][:2] == ["f0", "f1"]

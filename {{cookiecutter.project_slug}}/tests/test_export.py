@@ -297,6 +297,7 @@ def artifact_and_predict(best: str, fmt: str, tmp_path: Path):
     assert run_export(best, fmt, out) == 0
     meta = json.loads(out.with_name(out.name + ".json").read_text())
     assert meta["input"]["units"].startswith("raw CSV columns a, b, c in this order")
+    assert meta["input"]["columns"] == ["a", "b", "c"]  # for programs, not only in a sentence
     with (tmp_path / "t.csv").open(newline="") as f:
         raw = torch.tensor([[float(r[c]) for c in "abc"] for r in csv.DictReader(f)])
     assert (

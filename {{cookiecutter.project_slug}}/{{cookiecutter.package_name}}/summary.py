@@ -20,8 +20,9 @@ REASONS = {
 }
 
 
-def run_row(cfg: Config, progress: Progress) -> dict:
-    """The run's line in checkpoints/runs.csv."""
+def run_row(cfg: Config, progress: Progress, test: tuple[dict, str] | None = None) -> dict:
+    """The run's line in checkpoints/runs.csv; `test`: the test split's (metrics, model)."""
+    tested = {f"test_{k}": v for k, v in test[0].items()} | {"test_model": test[1]} if test else {}
     return {
         "run": cfg.run.name,
         "task": cfg.task.name,
@@ -30,14 +31,21 @@ def run_row(cfg: Config, progress: Progress) -> dict:
         "steps": progress.step,
         f"best_val_{cfg.best()[0]}": progress.best,
         **{f"val_{k}": v for k, v in flatten(progress.metrics).items()},
+        **tested,
     }
 
 
 def summary(
-    cfg: Config, progress: Progress, reason: str, meta: dict, seconds: float | None = None
+    cfg: Config,
+    progress: Progress,
+    reason: str,
+    meta: dict,
+    seconds: float | None = None,
+    test: tuple[dict, str] | None = None,
 ) -> str:
     """The summary as lines of text. `reason`: a key of REASONS; `seconds`: this session's
-    wall time (None when nothing was trained now)."""
+    wall time (None when nothing was trained now); `test`: (metrics, which model) of the test
+    split, scored once at the end of training."""
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     metric, mode = cfg.best()
     why = REASONS.get(reason, reason)
@@ -54,6 +62,9 @@ def summary(
     if progress.metrics:
         values = " | ".join(f"{k} {_fmt(v)}" for k, v in flatten(progress.metrics).items())
         lines.append(f"  final val: {values}")
+    if test is not None:
+        values = " | ".join(f"{k} {_fmt(v)}" for k, v in test[0].items())
+        lines.append(f"  test ({test[1]}, data never trained on nor used to choose it): {values}")
     timing = [f"{seconds:.1f}s this session"] if seconds is not None else []
     if progress.train_seconds > 0:
         timing.append(
@@ -88,6 +99,8 @@ def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
         "export": ["scripts/export.py", "--checkpoint", ckpt, "--format", fmt],
         "compare": ["scripts/compare_runs.py", run_dir],
     }
+    if meta.get("test"):  # the held-out test split (data.test_path, an image folder's test/)
+        commands["test"] = ["scripts/evaluate.py", "--checkpoint", ckpt, "--split", "test"]
     if cfg.task.name != "language_model":
         commands["predict"] += ["--out", run_dir / "predictions.csv"]
     return {k: shlex.join(["python", *map(str, v)]) for k, v in commands.items()}

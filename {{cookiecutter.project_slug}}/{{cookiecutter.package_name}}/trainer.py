@@ -43,7 +43,7 @@ from .utils.logger import MetricLogger, human_count, record_run
 from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
 from .utils.trackers import check_installed
-from .validation import evaluate
+from .validation import evaluate, held_out_test, score_test
 
 __all__ = ["EXIT_PREEMPTED", "NonFiniteLoss", "build_data", "evaluate", "fit"]
 
@@ -82,6 +82,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         state, resumed_from = ckpts.find()
         # Then the data, read as that checkpoint's model reads it (a CSV's columns by name).
         data = build_loaders(cfg, dist, device, state)
+        test_set = held_out_test(cfg, data)  # read and checked now; recorded in data.meta
         trainee = build_trainee(cfg, data, dist, device, resumed_from)
         if state is not None:
             restore(cfg, dist, ckpts, state, data, trainee, progress)
@@ -98,9 +99,10 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
         vote = distributed.StopVote(stop, device, progress.step)
         loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote)
         metrics, stopped = run_epochs(loop, ckpts)
+        test = score_test(cfg, dist, device, data, trainee, test_set, stopped in COMPLETE)
         if dist.is_main:
             log.close()  # draws the last curves.png, which the summary lists
-            summarise(cfg, progress, stopped, data.meta, time.perf_counter() - started)
+            summarise(cfg, progress, stopped, data.meta, time.perf_counter() - started, test)
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
         distributed.barrier()
@@ -277,16 +279,14 @@ def open_run_folder(
     return log
 
 
-def summarise(
-    cfg: Config, progress: Progress, stopped: str | None, meta: dict, seconds: float
-) -> None:
-    """Where a stopped run was saved; or a complete run's line in runs.csv and its summary."""
+def summarise(cfg: Config, progress: Progress, stopped, meta: dict, seconds: float, test=None):
+    """Where a stopped run was saved; or a complete run's runs.csv line and summary (+ test)."""
     if stopped not in COMPLETE:
         last = Path(cfg.run.output_dir) / cfg.run.name / "last.pt"
         print(f"stopped ({stopped}) at step {progress.step}; saved {last}")
         return
-    record_run(Path(cfg.run.output_dir), run_row(cfg, progress))
-    print(summary(cfg, progress, stopped or "finished", meta, seconds))
+    record_run(Path(cfg.run.output_dir), run_row(cfg, progress, test))
+    print(summary(cfg, progress, stopped or "finished", meta, seconds, test))
 
 
 def result(progress: Progress, metrics: dict, stopped: str | None, model: nn.Module) -> dict:

@@ -3,11 +3,15 @@ ranks (the loop's epoch ends, scripts/evaluate.py and its report)."""
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import torch
 from torch import nn
 
-from . import distributed
-from .data import empty_batch
+from . import checkpoint, distributed, parallel
+from .data import build_loader, build_test_set, close_loader, empty_batch
+from .tasks import TASKS
 from .utils.device import autocast, to_device
 from .utils.metrics import flatten
 
@@ -40,3 +44,36 @@ def evaluate(
     model.train(was_training)
     metrics = task.summarise({k: v.tolist() for k, v in totals.items()})
     return flatten(metrics, getattr(task, "label_names", None))
+
+
+def held_out_test(cfg, data):
+    """The test split (data.test_path, an image folder's test/) read with the training run's
+    preprocessing, or None: read and checked before anything is written, and its path and
+    size recorded in `data.meta` (saved in every checkpoint), as the validation split is."""
+    targets = TASKS[cfg.task.name].targets
+    test = build_test_set(cfg.data, targets, data.meta, source_name="the training table")
+    if test is not None:
+        data.meta["test"] = {"path": str(test.path), "samples": len(test)}
+    return test
+
+
+def score_test(cfg, dist, device, data, trainee, test_set, complete: bool):
+    """(metrics, which model) on the test split, once at the end of a complete run (every rank
+    takes part), or None: best.pt's weights where the run has one, else the final model's
+    (fsdp: best.pt is sharded; evaluate.py --split test scores its consolidated file)."""
+    if test_set is None or not complete:
+        return None
+    distributed.barrier()  # rank 0 has written best.pt
+    best = Path(cfg.run.output_dir) / cfg.run.name / "best.pt"
+    model, which = trainee.model, "final model"
+    if best.is_file() and not parallel.is_sharded(model):
+        model, which = copy.deepcopy(model), "best.pt"
+        weights = checkpoint.model_weights(checkpoint.load(best), best)
+        checkpoint.load_model_state(model, weights, str(best))
+    args = dict(seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
+    loader = build_loader(test_set, cfg.data, 2 * cfg.train.batch_size, train=False, **args)
+    try:
+        even = parallel.even_batches(loader, model, device)  # fsdp: ranks in lockstep
+        return evaluate(model, even, data.task, device, cfg.train.amp), which
+    finally:
+        close_loader(loader)

@@ -25,6 +25,7 @@ FIXED = (
     "data.split_seed",
     "data.folds",
     "data.fold",
+    "data.sampler",  # another draw of the epochs left: refused, not a silent fork
     "model.name",
     "task.name",
     "task.class_weights",  # the loss trained on

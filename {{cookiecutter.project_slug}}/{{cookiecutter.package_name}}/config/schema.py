@@ -39,6 +39,9 @@ class DataConfig:
     )
     folds: int = 0  # k-fold: K >= 2 splits the training split into K folds; 0 = off (own val)
     fold: int = 0  # k-fold: the fold used for validation, 0..folds-1; the rest trains
+    # The training order: shuffle (a permutation per epoch) | balanced (classes drawn with
+    # equal probability, with replacement, same epoch length; class targets only)
+    sampler: Literal["shuffle", "balanced"] = "shuffle"
     options: Any = None  # the chosen dataset's Options (data/<name>.py): flat keys in YAML
 
 

@@ -54,6 +54,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key} must be {rule}, got {value!r}")
     _check_finite(cfg)
     _check_best(cfg)
+    targets = components("task")[cfg.task.name].targets
+    if cfg.data.sampler == "balanced" and targets != "class":  # it draws by class id
+        raise ConfigError(
+            f"data.sampler=balanced draws by class, and task.name={cfg.task.name} has "
+            f"{targets} targets, not classes; use data.sampler=shuffle"
+        )
     conflict = _strategy_conflict(cfg.train)
     if conflict:
         raise ConfigError(conflict)

@@ -30,9 +30,10 @@ from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
+from .held_out import OTHER_ROWS, check_own_val
 from .image_folder import ImageFolder
 from .in_memory import InMemoryDataset, mean_and_std
-from .sampler import ShardedSampler
+from .sampler import ShardedSampler, train_labels
 from .synthetic import SyntheticGratings
 from .tensor_files import TensorFiles
 from .text import TextChars
@@ -69,8 +70,9 @@ def build_datasets(cfg, targets: str, meta: dict | None = None, like: dict | Non
         match_inputs(val, getattr(train, "meta", None), "the checkpoint" if named else "")
         meta = _prepare(train, range(len(train)), saved)
         _prepare(val, None, meta)
+        check_own_val(len(val), saved)
         stats = target_stats(train, range(len(train)), targets, saved)
-        return train, val, {**meta, **stats, **tuned(like)}
+        return train, val, {**meta, **stats, "val_samples": len(val), **tuned(like)}
     pool = source(opts, "train" if own_val else "all")
     match_inputs(pool, like)
     train_idx, val_idx, split = _split(pool, cfg)
@@ -83,6 +85,33 @@ def tuned(like: dict | None) -> dict:
     """What the task tuned on validation (a decision threshold) in the checkpoint evaluated,
     resumed or fine-tuned: kept until the next validation tunes it again."""
     return {"tuned": like["tuned"]} if isinstance(like, dict) and "tuned" in like else {}
+
+
+def build_test_set(
+    cfg, targets: str, meta: dict, path: str | None = None, source_name: str = "the checkpoint"
+):
+    """The held-out test split (data.test_path of a table or a text, an image folder's test/)
+    read with `meta`'s preprocessing (the training run's, or a checkpoint's), or None when
+    the data has none. Never trained on, never used to choose best.pt. `path`: another
+    labelled file or folder to score instead (evaluate.py --data)."""
+    source = DATASETS[cfg.name]
+    opts = cfg.options
+    if getattr(opts, "targets", None) == "auto":
+        opts = replace(opts, targets=targets)
+    if path is not None:
+        option = getattr(source, "test_option", None)
+        if option is None:
+            raise ConfigError(
+                f"data.name={cfg.name} reads no other labelled file; evaluate.py --data is "
+                "for CSV tables, text files and image folders"
+            )
+        opts = replace(opts, **{option: path})
+    if not getattr(source, "has_test_split", lambda _: False)(opts):
+        return None
+    test = source(opts, "test")
+    match_inputs(test, meta, source_name)
+    _prepare(test, None, meta)
+    return test
 
 
 def match_inputs(dataset, like: dict | None, source: str = "the checkpoint") -> None:
@@ -131,7 +160,7 @@ def _split(pool: Dataset, cfg) -> tuple[list[int], list[int], dict]:
     return train, val, {"train": len(train), "val": len(val), "checksum": checksum}
 
 
-def check_split(split: dict, meta: dict | None, fix: str = "evaluate on the same data") -> None:
+def check_split(split: dict, meta: dict | None, fix: str = OTHER_ROWS) -> None:
     """Refuse a validation split other than the one recorded in a checkpoint's `meta`: it
     has the same sizes and the same validation rows (a checksum of their indices)."""
     saved = (meta or {}).get("split")
@@ -195,7 +224,8 @@ def build_loader(
     the same number of times; evaluation loaders keep every sample exactly once."""
     # Datasets with random augmentation get a seed with each index (`seeded_items`).
     seeded = train and getattr(source_of(dataset), "seeded_items", False)
-    sampler = ShardedSampler(len(dataset), rank, world_size, train, seed, train, seeded)
+    labels = train_labels(dataset) if train and cfg.sampler == "balanced" else None
+    sampler = ShardedSampler(len(dataset), rank, world_size, train, seed, train, seeded, labels)
     batching = dict(batch_size=batch_size, sampler=sampler, drop_last=train)
     if isinstance(source_of(dataset), InMemoryDataset):
         # Whole batches of indices go to dataset[...] (one gather); torch's documented way

@@ -36,6 +36,9 @@ from .in_memory import InMemoryDataset, mean_and_std
 class Options:
     path: str = "data/train.csv"  # the table (header row first)
     val_path: str = ""  # a separate validation table with the same columns; "" = hold out
+    # A held-out test table (same columns): never trained on nor used to choose best.pt;
+    # scored once at the end of training and by evaluate.py --split test
+    test_path: str = ""
     label: str = "label"  # the target column
     features: str = ""  # comma-separated feature columns; "" = every column but the label
     targets: Literal["auto", "class", "value"] = "auto"  # auto: what task.name needs
@@ -44,21 +47,30 @@ class Options:
 
 class CSVTable(InMemoryDataset):
     Options = Options
+    test_option = "test_path"  # the option evaluate.py --data sets (data.build_test_set)
 
     @staticmethod
     def has_val_split(opts: Options) -> bool:
         return bool(opts.val_path)
 
+    @staticmethod
+    def has_test_split(opts: Options) -> bool:
+        return bool(opts.test_path)
+
     def __init__(self, opts: Options, split: str):
         self.opts = opts
-        self.path = path = Path(opts.val_path if split == "val" else opts.path)
-        self.key = key = "data.val_path" if split == "val" else "data.path"
+        key = {"val": "data.val_path", "test": "data.test_path"}.get(split, "data.path")
+        self.path = path = Path(getattr(opts, key.removeprefix("data.")))
+        self.key = key
         self.features, self.x, labels = read_table(path, key, opts)
         self.num_classes = self.num_targets = None
+        self.test_labels = None
         if opts.targets == "value":
             self.y = _numbers(labels, path, opts.label).unsqueeze(1)  # (N, 1) targets
             self.num_targets = 1
             self.classes = None
+        elif split == "test":  # class ids follow the model's class names (prepare)
+            self.test_labels, self.classes, self.y = labels, None, None
         else:
             # Class ids follow the training table's sorted names, so train and val agree.
             train_labels = (
@@ -98,6 +110,10 @@ class CSVTable(InMemoryDataset):
     def prepare(self, indices, meta: dict | None) -> dict:
         """Standardise with the statistics of the training rows `indices` (or `meta`'s, whose
         feature columns match_columns has matched)."""
+        if meta is not None and self.test_labels is not None:
+            self.classes = meta.get("classes") or []
+            self.y = _class_ids(self.test_labels, self.classes, self.path, self.opts.label)
+            self.num_classes, self.meta = len(self.classes), {**self.meta, "classes": self.classes}
         if meta is not None:
             if meta.get("classes") != self.classes:
                 raise ConfigError(

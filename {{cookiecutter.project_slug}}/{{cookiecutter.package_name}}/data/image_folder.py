@@ -50,6 +50,9 @@ class Options:
     # use ImageNet's 0.485,0.456,0.406 / 0.229,0.224,0.225 for a network pretrained on it.
     mean: str = "0.5,0.5,0.5"  # per channel (R,G,B), or one number for all three
     std: str = "0.5,0.5,0.5"  # per channel (R,G,B), or one number for all three
+    # Held-out test images in class folders, never trained on nor used to choose best.pt;
+    # "" = root/test when it exists (so no class may be named "test")
+    test_root: str = ""
 
     def checks(self):
         mean, std = _per_channel(self.mean), _per_channel(self.std)
@@ -69,6 +72,12 @@ class ImageFolder(Dataset):
         root = Path(opts.root)
         return (root / "train").is_dir() and (root / "val").is_dir()
 
+    test_option = "test_root"  # the option evaluate.py --data sets (data.build_test_set)
+
+    @staticmethod
+    def has_test_split(opts: Options) -> bool:
+        return bool(opts.test_root) or (Path(opts.root) / "test").is_dir()
+
     def __init__(self, opts: Options, split: str):
         pillow()  # missing: one line now, not an error in every loader worker later
         self.opts = opts
@@ -82,9 +91,12 @@ class ImageFolder(Dataset):
             )
         own_val = self.has_val_split(opts)
         train_dir = root / "train" if own_val else root
-        self.classes = class_names(train_dir)
-        folder = root / "val" if split == "val" else train_dir
-        self.files, labels = find_images(folder, self.classes, must_have_all=split != "val")
+        self.classes = class_names(train_dir, skip="" if own_val else "test")
+        folder = {"val": root / "val", "test": Path(opts.test_root or root / "test")}
+        self.path = folder = folder.get(split, train_dir)
+        held_out = split in ("val", "test")  # may lack a class, not add one
+        skip = "test" if folder == root else ""  # one pool's test/ holds no class
+        self.files, labels = find_images(folder, self.classes, not held_out, skip)
         self.y = torch.tensor(labels, dtype=torch.int64)  # stratifies the held-out split
         self.num_classes = len(self.classes)
         # Which samples are augmented: the training rows, which prepare() is told.
@@ -173,14 +185,19 @@ def decode(path: Path, size: int) -> torch.Tensor:
     return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255)
 
 
-def class_names(folder: Path) -> list[str]:
-    """The sorted sub-folder names of `folder`: the classes."""
+def class_names(folder: Path, skip: str = "") -> list[str]:
+    """The sorted sub-folder names of `folder` but `skip` (a test/ folder beside the class
+    folders of one pool): the classes."""
     if not folder.is_dir():
         raise ConfigError(
             f"image folder {str(folder)!r} not found; set data.root to a folder laid out as "
             f"{LAYOUT}"
         )
-    names = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and p.name != skip
+    )
     if len(names) < 2:
         raise ConfigError(
             f"image folder {str(folder)!r} has {len(names)} class sub-folders; a classifier "
@@ -189,12 +206,16 @@ def class_names(folder: Path) -> list[str]:
     return names
 
 
-def find_images(folder: Path, classes: list[str], must_have_all: bool):
+def find_images(folder: Path, classes: list[str], must_have_all: bool, skip: str = ""):
     """(files, class ids) under folder/<class>/, in sorted order. Training folders need
     images in every class; a val/ folder may lack classes, but not add any."""
     if not folder.is_dir():
         raise ConfigError(f"image folder {str(folder)!r} not found; expected {LAYOUT}")
-    present = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    present = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and p.name != skip
+    )
     extra = [name for name in present if name not in classes]
     if extra:
         raise ConfigError(

@@ -33,6 +33,9 @@ from .in_memory import InMemoryDataset
 class Options:
     path: str = "data/demo/text.txt"  # a UTF-8 text file; its tail validates
     seq_len: int = 64  # characters per window: the context the model learns from
+    # A held-out test text (its characters the training text's): never trained on nor used
+    # to choose best.pt; scored at the end of training and by evaluate.py --split test
+    test_path: str = ""
 
     def checks(self):
         return [("seq_len", self.seq_len >= 1, ">= 1")]
@@ -41,13 +44,21 @@ class Options:
 class TextChars(InMemoryDataset):
     Options = Options
 
+    test_option = "test_path"  # the option evaluate.py --data sets (data.build_test_set)
+
     @staticmethod
     def has_val_split(opts: Options) -> bool:
         return False  # one file: build_datasets calls holdout() for the validation tail
 
+    @staticmethod
+    def has_test_split(opts: Options) -> bool:
+        return bool(opts.test_path)
+
     def __init__(self, opts: Options, split: str):
-        self.path = opts.path
-        text = read_text(Path(opts.path))
+        self.path = opts.test_path if split == "test" else opts.path
+        self.split = split
+        text = read_text(Path(self.path))
+        self.text = text if split == "test" else None  # re-encoded in prepare
         t = opts.seq_len
         n = len(text) // (t + 1)
         if n < 1:
@@ -69,6 +80,8 @@ class TextChars(InMemoryDataset):
         return list(range(cut)), list(range(cut, n))
 
     def prepare(self, indices, meta: dict | None) -> dict:
+        if meta is not None and self.split == "test":  # encoded with the model's vocabulary
+            self._encode_as(meta.get("vocab") or "")
         # A checkpoint's vocabulary must be this file's: other ids would mean other characters.
         if meta is not None and meta.get("vocab") != self.vocab:
             raise ConfigError(
@@ -77,6 +90,23 @@ class TextChars(InMemoryDataset):
                 "evaluate on the same text"
             )
         return self.meta
+
+    def _encode_as(self, vocab: str) -> None:
+        known = set(vocab)
+        unknown = next((c for c in dict.fromkeys(self.text) if c not in known), None)
+        if unknown is not None:
+            raise ConfigError(
+                f"text file {self.path!r} holds the character {unknown!r}, which the training "
+                "text does not have; a test text may use only the training text's characters"
+            )
+        codes = torch.tensor([ord(c) for c in vocab], dtype=torch.int64)
+        t = self.x.shape[1]
+        text_codes = torch.frombuffer(bytearray(self.text.encode("utf-32-le")), dtype=torch.int32)
+        ids = torch.searchsorted(codes, text_codes.long())
+        chunks = ids[: len(self.x) * (t + 1)].view(len(self.x), t + 1)
+        self.x, self.y = chunks[:, :-1], chunks[:, 1:]
+        self.vocab, self.vocab_size = vocab, len(vocab)
+        self.meta = {**self.meta, "vocab": vocab}
 
 
 def read_text(path: Path) -> str:

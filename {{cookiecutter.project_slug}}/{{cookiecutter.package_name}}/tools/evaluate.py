@@ -5,8 +5,10 @@ outputs.py (the report folder: report.check_folder)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+from ..errors import ConfigError
 from . import cli, outputs
 from .cli import guard, make_parser
 
@@ -26,12 +28,30 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json", action="store_true", help="print the metrics as one JSON line (for scripts)"
     )
+    parser.add_argument(
+        "--split",
+        choices=["val", "test"],
+        default="val",
+        help="val: the run's validation split (default); test: its held-out test split "
+        "(data.test_path, an image folder's test/), read with the checkpoint's preprocessing",
+    )
+    parser.add_argument(
+        "--data",
+        metavar="FILE",
+        help="score another labelled file instead (a CSV table with the checkpoint's columns "
+        "and label, a text file, a folder of class folders)",
+    )
     args = parser.parse_args(argv)
 
     def run() -> int:
+        if args.data is not None and args.split != "val":
+            raise ConfigError("--data FILE and --split test each choose what to score; give one")
         stem = Path(args.checkpoint)
-        report = args.report or str(stem.with_name(f"{stem.stem}_report"))
-        metrics = evaluate_checkpoint(args.checkpoint, args.overrides, report)
+        part = "data_" if args.data is not None else "test_" if args.split == "test" else ""
+        report = args.report or str(stem.with_name(f"{stem.stem}_{part}report"))
+        metrics = evaluate_checkpoint(
+            args.checkpoint, args.overrides, report, split=args.split, data=args.data
+        )
         if metrics is None:  # only rank 0 reports under torchrun
             return 0
         if args.json:  # the same metrics, once, for a program to read (report.json too)
@@ -48,10 +68,15 @@ def _value(v) -> str:
 
 
 def evaluate_checkpoint(
-    path: str, overrides: list[str] = (), report_dir: str | None = None
+    path: str,
+    overrides: list[str] = (),
+    report_dir: str | None = None,
+    split: str = "val",
+    data: str | None = None,
 ) -> dict | None:
     """Rebuild the model from the checkpoint's own config (plus overrides) and validate it;
-    with `report_dir`, write the evaluation report there (report.py)."""
+    with `report_dir`, write the evaluation report there (report.py). `split` "test": the
+    run's test split instead; `data`: another labelled file (evaluate.py --data)."""
     from .. import distributed
     from ..data import build_loader, close_loader
     from ..trainer import build_data, evaluate
@@ -69,10 +94,13 @@ def evaluate_checkpoint(
     try:
         amp = inference_amp(trained, device, option="train.amp")  # before the data is read
         # The checkpoint's data meta: the training run's normalisation, classes and split.
-        _, val_set, _, task = build_data(cfg, trained.meta or None)
+        if split == "test" or data is not None:
+            task, scored = trained.task, held_out(trained, data)
+        else:
+            _, scored, _, task = build_data(cfg, trained.meta or None)
         task.tune = False  # the checkpoint's decisions (a tuned threshold), not retuned here
         loader = build_loader(
-            val_set,
+            scored,
             cfg.data,
             2 * cfg.train.batch_size,
             train=False,
@@ -86,7 +114,11 @@ def evaluate_checkpoint(
         metrics = evaluate(model, loader, task, device, amp, collector)
         if report_dir:
             collector.finish()  # a collective: every rank takes part
-        metrics = {"checkpoint": path, "step": trained.step, **metrics}
+        # What other than the validation split was scored (its metrics stay as they were).
+        scored_as = {"data": data} if data is not None else {}
+        if split == "test":
+            scored_as = {"split": "test"}
+        metrics = {"checkpoint": path, "step": trained.step, **scored_as, **metrics}
         if report_dir and dist.is_main:
             classes = trained.meta.get("classes")
             for line in report.write(Path(report_dir), metrics, collector, classes):
@@ -96,6 +128,37 @@ def evaluate_checkpoint(
         if loader is not None:
             close_loader(loader)
         distributed.teardown()
+
+
+def held_out(trained, data: str | None):
+    """The run's test split, or the labelled file `data`, read as the checkpoint's model reads
+    its inputs (columns by name, its normalisation, classes and vocabulary)."""
+    from ..data import build_test_set
+    from ..data.held_out import check_test_split
+    from ..tasks import TASKS
+
+    cfg = trained.cfg
+    if not trained.meta:
+        raise ConfigError(
+            f"checkpoint {trained.path!r} holds no data meta (a bare state_dict): it cannot "
+            "read a test split as its training run did; evaluate a training checkpoint"
+        )
+    targets = TASKS[cfg.task.name].targets
+    try:
+        scored = build_test_set(cfg.data, targets, trained.meta, data)
+    except ConfigError as exc:  # the reader names its option; --data is what set it here
+        if data is None:
+            raise
+        raise ConfigError(re.sub(r"\bdata\.test_(path|root)\b", "--data", str(exc))) from None
+    if scored is None:
+        raise ConfigError(
+            f"checkpoint {trained.path!r} records no test split and the config sets none; "
+            "give one with data.test_path=FILE (tables, text) or <root>/test/ (image folders), "
+            "or score a labelled file with --data FILE"
+        )
+    if data is None:
+        check_test_split(scored, trained.meta)
+    return scored
 
 
 def consolidate_main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,8 @@ def contract(trained: Trained) -> dict:
     spec = {"name": "input", "shape": shape, "dtype": trained.io["input_dtype"]}
     if positions is not None:
         spec["positions"] = {"min": 1, "max": positions}
+    if isinstance(trained.meta.get("features"), list):  # a table: its columns, for programs
+        spec["columns"] = list(trained.meta["features"])
     return {"input": {**spec, "units": input_units(trained.meta)}, "output": output_spec(trained)}
 
 

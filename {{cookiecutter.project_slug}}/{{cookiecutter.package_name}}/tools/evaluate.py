@@ -79,7 +79,7 @@ def evaluate_checkpoint(
     run's test split instead; `data`: another labelled file (evaluate.py --data)."""
     from .. import distributed
     from ..data import build_loader, close_loader
-    from ..trainer import build_data, evaluate
+    from ..trainer import evaluate
     from . import report
     from .inference import inference_amp, load_trained
 
@@ -93,12 +93,7 @@ def evaluate_checkpoint(
     loader = None
     try:
         amp = inference_amp(trained, device, option="train.amp")  # before the data is read
-        # The checkpoint's data meta: the training run's normalisation, classes and split.
-        if split == "test" or data is not None:
-            task, scored = trained.task, held_out(trained, data)
-        else:
-            _, scored, _, task = build_data(cfg, trained.meta or None)
-        task.tune = False  # the checkpoint's decisions (a tuned threshold), not retuned here
+        task, scored = _scored_split(trained, split, data)
         loader = build_loader(
             scored,
             cfg.data,
@@ -128,6 +123,19 @@ def evaluate_checkpoint(
         if loader is not None:
             close_loader(loader)
         distributed.teardown()
+
+
+def _scored_split(trained, split: str, data: str | None):
+    """(task, dataset) to score: the validation split of the checkpoint's data meta (the
+    training run's normalisation, classes and split), its test split, or the file `data`."""
+    from ..trainer import build_data
+
+    if split == "test" or data is not None:
+        task, scored = trained.task, held_out(trained, data)
+    else:
+        _, scored, _, task = build_data(trained.cfg, trained.meta or None)
+    task.tune = False  # the checkpoint's decisions (a tuned threshold), not retuned here
+    return task, scored
 
 
 def held_out(trained, data: str | None):

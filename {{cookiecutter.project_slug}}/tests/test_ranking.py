@@ -78,3 +78,11 @@ def test_confusion_at_a_threshold_is_exact_and_labels_without_positives_are_nan(
     empty = ranking.histogram(torch.rand(5), torch.zeros(5))
     assert np.isnan(ranking.auroc(empty)[0]) and np.isnan(ranking.average_precision(empty)[0])
     assert ranking.best_threshold(empty) == ([0.5], [0.0])
+
+
+def test_a_rank_with_no_samples_adds_an_empty_histogram():
+    # An uneven split leaves a rank no validation samples; reshape(0, -1) would raise there.
+    for scores in (torch.empty(0), torch.empty(0, 3)):
+        hist = ranking.histogram(scores, torch.empty(scores.shape, dtype=torch.long))
+        assert hist.shape == (1 if scores.dim() == 1 else 3, 2, ranking.BINS)
+        assert hist.sum() == 0

@@ -29,7 +29,7 @@ BINS = 4096  # 2^12: bin edges are exact floats; (L, 2, 4096) float64 is 64 KiB 
 def histogram(scores: torch.Tensor, targets: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
     """(L, 2, BINS) counts of negatives ([:, 0]) and positives ([:, 1]) per score bin, from
     scores and 0/1 targets of shape (N, L) (or (N,) for L = 1), on the scores' device."""
-    scores = scores.reshape(len(scores), -1)
+    scores = scores.unsqueeze(1) if scores.dim() == 1 else scores  # (N, L), N may be 0
     labels = scores.shape[1]
     targets = targets.reshape(scores.shape).long().clamp(0, 1)
     bins = (scores.detach().float().clamp(0, 1) * BINS).long().clamp_(max=BINS - 1)

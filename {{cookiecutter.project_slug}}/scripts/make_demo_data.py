@@ -3,7 +3,7 @@ configs in configs/experiments/ and for trying the data formats before using you
 
     python scripts/make_demo_data.py              # all of them
     python scripts/make_demo_data.py csv          # only data/demo/*.csv (regression, classes,
-                                                  # classes_test, imbalanced)
+                                                  # classes_test, imbalanced, multilabel)
     python scripts/make_demo_data.py text         # only data/demo/text.txt
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
     python scripts/make_demo_data.py --out /tmp/demo csv
@@ -33,7 +33,8 @@ def write_csv(out: Path) -> list[Path]:
     """regression.csv: y from 8 features (linear, an interaction and a sine, plus noise);
     classes.csv: 2,000 rows of 20 features in 3 classes (Gaussian blobs, partly overlapping);
     classes_test.csv: 500 more rows of the same classes, held out;
-    imbalanced.csv: 4,000 rows of 10 features, 10 % of them positive (fraud: yes)."""
+    imbalanced.csv: 4,000 rows of 10 features, 10 % of them positive (fraud: yes);
+    multilabel.csv: 3,000 rows of 12 features, each with any of 4 tags ("dog|beach")."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 8, generator=g)
     y = 2 * x[:, 0] - x[:, 1] + 0.5 * x[:, 2] * x[:, 3] + torch.sin(2 * x[:, 4])
@@ -61,7 +62,8 @@ def write_csv(out: Path) -> list[Path]:
         "species",
         [names[i] for i in labels.tolist()],
     )
-    return [regression, classes, test, write_imbalanced(out / "imbalanced.csv", g)]
+    imbalanced = write_imbalanced(out / "imbalanced.csv", g)
+    return [regression, classes, test, imbalanced, write_multilabel(out / "multilabel.csv", g)]
 
 
 def write_imbalanced(path: Path, g: torch.Generator) -> Path:
@@ -73,6 +75,20 @@ def write_imbalanced(path: Path, g: torch.Generator) -> Path:
     rows[:, :4] += 1.2 * fraud[:, None]
     names = ["yes" if f else "no" for f in fraud.tolist()]  # "yes" sorts second: positive
     return _table(path, [f"v{i}" for i in range(10)], rows, "fraud", names)
+
+
+def write_multilabel(path: Path, g: torch.Generator) -> Path:
+    """A multi-label table: each of 4 tags is present where its own linear score of the 12
+    features (plus noise) is high, at rates from about 10 % to 45 %, so a row has none, one
+    or several tags, written in one column joined by "|" (multilabel_table.yaml)."""
+    tags, rates = ["beach", "dog", "people", "sunset"], torch.tensor([0.45, 0.3, 0.2, 0.1])
+    rows = torch.randn(3000, 12, generator=g)
+    scores = rows @ torch.randn(12, 4, generator=g) + 0.7 * torch.randn(3000, 4, generator=g)
+    present = scores > scores.quantile(1 - rates, dim=0).diagonal()  # each at its own rate
+    joined = [
+        "|".join(t for t, on in zip(tags, row, strict=True) if on) for row in present.tolist()
+    ]
+    return _table(path, [f"p{i}" for i in range(12)], rows, "tags", joined)
 
 
 def _table(path: Path, columns: list[str], x: torch.Tensor, label: str, y: list) -> Path:

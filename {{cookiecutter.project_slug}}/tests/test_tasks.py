@@ -149,6 +149,7 @@ def test_language_model_perplexity_is_exp_of_the_mean_token_loss():
         ("classification", {"num_targets": 1}, r"values \(floats\); use task.name=regression"),
         ("regression", {"num_classes": 3}, "task.name=regression needs numeric targets"),
         ("language_model", {"num_classes": 3}, "needs token data with a vocab_size"),
+        ("multilabel", {"num_classes": 3}, "needs a 0/1 vector of labels per sample"),
     ],
 )
 def test_a_task_refuses_data_it_cannot_learn_from_in_one_line(name, data, message):
@@ -158,7 +159,7 @@ def test_a_task_refuses_data_it_cannot_learn_from_in_one_line(name, data, messag
 
 def test_every_task_declares_what_the_loop_needs():
     for name, cls in TASKS.items():
-        assert cls.targets in ("class", "value", "tokens"), name
+        assert cls.targets in ("class", "value", "labels", "tokens"), name
         assert cls.metrics and set(cls.metrics.values()) <= {"max", "min"}, name
         assert "loss" in cls.metrics, name
 

@@ -1,8 +1,8 @@
 """The epoch loop: train an epoch, validate, save a checkpoint, report; until the last epoch,
 early stopping or a stop (a signal, train.max_steps), which saves where it is, mid-epoch too.
 
-trainer.train() builds what the loop works on: a Loop of the run's Data (datasets, loaders,
-task), its Trainee (model, optimizer, schedule) and where it stands (Progress).
+trainer.train() builds what the loop works on: a Loop of the run's Data (data, task), its
+Trainee (model, optimizer, schedule) and where it stands (Progress).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Data:
     val_loader: DataLoader
     task: object  # the loss and the metrics (tasks/)
     example: torch.Tensor  # the first training inputs: what the model was built and tried on
+    example_y: torch.Tensor  # and their targets: the task was tried on both (tasks/protocol.py)
     meta: dict  # what prediction needs to read new inputs (classes, normalisation), saved
     io: dict  # the model's input shape and dtype and output size (models.model_io), saved
     steps_per_epoch: int
@@ -166,8 +167,7 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
         at_limit = 0 < cfg.train.max_steps <= progress.step
         log_now = progress.step % cfg.run.log_every == 0 or last or at_limit
         if not log_now and loop.vote.due(progress.step):
-            # Ranks compare stop requests every couple of seconds (distributed.StopVote); a
-            # stop is logged like the end of an interval.
+            # Ranks compare stop requests every ~2 s (StopVote); a stop logs like an interval.
             log_now = loop.vote(progress.step)
         if log_now:
             avg, any_stop = log_interval(loop, losses, since_log, grad_norm, bar)

@@ -6,8 +6,7 @@ One optimizer step is loop.train_step: the micro-batch loop, autocast and the sc
 (parallel.py). README.md's "What the training loop does" maps the whole run, file by file.
 
 The same code runs as one process (`python scripts/train.py`) and under torchrun, one process
-per GPU (or CPU slot) with DistributedDataParallel, or sharded with FSDP (parallel.py); see
-README.md for the launch commands.
+per GPU (or CPU slot) with DistributedDataParallel, or sharded with FSDP (parallel.py).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint, distributed, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config, to_dict
-from .data import build_datasets, build_loader, close_loader, example_inputs, source_of
+from .data import build_datasets, build_loader, close_loader, example_batch, source_of
 from .distributed import DistInfo
 from .errors import EXIT_STOPPED, ConfigError
 from .loop import Data, Loop, NonFiniteLoss, Trainee, run_epochs
@@ -37,7 +36,7 @@ from .optim import (
     warmup_warning,
 )
 from .summary import run_row, summary
-from .tasks import TASKS, build_task
+from .tasks import TASKS, build_task, check_task
 from .utils.device import busy_note, check_amp, configure_backends, configure_threads
 from .utils.logger import MetricLogger, human_count, record_run
 from .utils.seed import mix_seed, seed_everything
@@ -60,9 +59,9 @@ def fit(cfg: Config) -> dict:
         dist, device = distributed.setup(cfg.run.device, cfg.train.cpu_offload)
         return train(cfg, dist, device, stop)
     finally:
-        # Only once train()'s frame is gone, so that no DistributedDataParallel (whose gloo
-        # work can hold Python objects) outlives the process group. The signal handlers stay
-        # until after it: a second SIGTERM during the final save or teardown is only noted.
+        # Once train()'s frame is gone, so no DistributedDataParallel (whose gloo work holds
+        # Python objects) outlives the process group. The signal handlers stay until after
+        # it: a second SIGTERM during the final save or teardown is only noted.
         distributed.teardown()
         stop.restore()
 
@@ -77,8 +76,8 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     log = MetricLogger(None)
     data = None
     try:
-        # First what to continue from: a checkpoint found wins over train.init_from, which
-        # only starts a fresh run (with resume=auto too, as SLURM jobs and sweeps pass it).
+        # First what to continue from: a checkpoint found wins over train.init_from (which
+        # only starts a fresh run, with resume=auto too, as SLURM jobs and sweeps pass it).
         state, resumed_from = ckpts.find()
         # Then the data, read as that checkpoint's model reads it (a CSV's columns by name).
         data = build_loaders(cfg, dist, device, state)
@@ -139,13 +138,8 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
     like = state or (cfg.train.init_from and checkpoint.load(cfg.train.init_from, mmap=True))
     train_set, val_set, meta, task = build_data(cfg, like=(like or {}).get("data"))
     # Each rank reads its own shard; pinned memory only helps host-to-GPU copies.
-    loader_args = dict(
-        cfg=cfg.data,
-        seed=cfg.run.seed,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        pin_memory=cfg.data.pin_memory and device.type == "cuda",
-    )
+    loader_args = dict(cfg=cfg.data, seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
+    loader_args["pin_memory"] = cfg.data.pin_memory and device.type == "cuda"
     batch = cfg.train.batch_size
     train_loader = build_loader(train_set, batch_size=batch, train=True, **loader_args)
     val_loader = build_loader(val_set, batch_size=2 * batch, train=False, **loader_args)
@@ -158,14 +152,13 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
             f"train.grad_accum_steps x {dist.world_size} ranks) exceeds the "
             f"{len(train_set)} training samples; lower train.batch_size"
         )
-    example = example_inputs(train_set)  # what the model is built and tried on
+    example, example_y = example_batch(train_set)  # what the model is built and tried on
     if cfg.train.channels_last and example.dim() != 4:  # it would change nothing: say so
         raise ConfigError(
             f"train.channels_last=true is a layout of image batches (N, C, H, W), but "
             f"data.name={cfg.data.name} gives inputs of shape {tuple(example.shape)}; set "
             "train.channels_last=false"
         )
-    io = model_io(example, task.num_outputs)
     return Data(
         train_set=train_set,
         val_set=val_set,
@@ -174,20 +167,23 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
         task=task,
         meta=meta,
         example=example,
-        io=io,
+        example_y=example_y,
+        io=model_io(example, task.num_outputs),
         steps_per_epoch=steps_per_epoch,
         effective_batch=effective_batch,
     )
 
 
 def build_net(
-    cfg: Config, example, task, device: torch.device, dist: DistInfo, resumed_from: str | None
+    cfg: Config, data: Data, device: torch.device, dist: DistInfo, resumed_from: str | None
 ) -> nn.Module:
     """The model of cfg.model for this data and task, on `device` as train.strategy holds it
     (parallel.py), with fine-tuning weights unless the run resumes from `resumed_from`."""
+    example, task = data.example, data.task
 
-    def full() -> nn.Module:  # on the CPU, tried on `example`
+    def full() -> nn.Module:  # on the CPU, tried with the task on a batch (tasks/protocol.py)
         model = build_model(cfg.model, example, task.num_outputs)
+        check_task(task, model, example, data.example_y)
         if cfg.train.init_from and resumed_from:
             if dist.is_main:  # the run's own checkpoint holds the weights to continue
                 print(f"train.init_from is not used: the run resumes from {resumed_from}")
@@ -208,7 +204,7 @@ def build_trainee(
 ) -> Trainee:
     """The model on its device (sharded under fsdp; init_from's weights loaded before), AdamW,
     the warm-up + cosine schedule (optim.py) and the fp16 loss scaler."""
-    model = build_net(cfg, data.example, data.task, device, dist, resumed_from)
+    model = build_net(cfg, data, device, dist, resumed_from)
     data.val_loader = parallel.even_batches(data.val_loader, model, device)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)
     optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))

@@ -7,7 +7,9 @@ section, beside `name`) and "train", "val", or "all" when it has one pool of sam
 stratified by class). `dataset[i]` is a pair `(x, y)` of tensors:
 - x: float features of any shape, (F,) or (C, H, W), or int64 token ids (T,);
 - y: an int64 class id ("class" targets; set `num_classes`), float values of shape () or
-  (K,) ("value" targets; set `num_targets`), or int64 tokens (T,) (set `vocab_size`).
+  (K,) ("value" targets; set `num_targets`), a float 0/1 vector (L,) ("labels" targets, for
+  multi-label; set `num_labels` and `label_names`, or `num_targets`), or int64 tokens (T,)
+  (set `vocab_size`).
 Optional: `classes` (class names), `meta` (what prediction needs to read new inputs), and
 `prepare(indices, meta)`, which learns preprocessing (e.g. normalisation) from the training
 rows `indices`, or applies a checkpoint's `meta`, and returns the meta. The mean and std of
@@ -32,9 +34,10 @@ from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
 from .held_out import OTHER_ROWS, check_own_val
 from .image_folder import ImageFolder
-from .in_memory import InMemoryDataset, mean_and_std
+from .in_memory import InMemoryDataset
 from .sampler import ShardedSampler, train_labels
 from .synthetic import SyntheticGratings
+from .targets import target_stats
 from .tensor_files import TensorFiles
 from .text import TextChars
 
@@ -178,31 +181,6 @@ def _prepare(dataset, indices, meta: dict | None) -> dict:
     return dict(getattr(dataset, "meta", {}))
 
 
-def target_stats(dataset, indices, targets: str, saved: dict | None) -> dict:
-    """The mean and std per target of the training rows `indices` of "value" targets, which
-    the regression task standardises with, and the class counts of "class" targets (for
-    task.class_weights=auto): a checkpoint's own where `saved` is given (checkpoints from
-    before these statistics have none: the task then reads mean 0, std 1)."""
-    keys = {"value": ("target_mean", "target_std"), "class": ("class_counts",)}.get(targets)
-    if keys is None:
-        return {}
-    if saved is not None:
-        return {key: saved[key] for key in keys if key in saved}
-    rows = torch.as_tensor(list(indices), dtype=torch.int64)
-    if targets == "class":  # for task.class_weights=auto, where the labels are a tensor
-        labels = class_labels(dataset)
-        if labels is None:
-            return {}
-        counts = torch.bincount(labels[rows], minlength=dataset.num_classes)
-        return {"class_counts": counts.tolist()}
-    if isinstance(dataset, InMemoryDataset):
-        y = dataset.y[rows]
-    else:  # one pass over the training targets, once per run
-        y = torch.stack([torch.as_tensor(dataset[i][1]) for i in rows.tolist()])
-    mean, std = mean_and_std(y.view(len(y), -1))
-    return {"target_mean": mean.tolist(), "target_std": std.tolist()}
-
-
 def source_of(dataset: Dataset) -> Dataset:
     """The dataset behind any Subset: where num_classes, classes and meta live."""
     while isinstance(dataset, Subset):
@@ -271,11 +249,17 @@ def close_loader(loader: DataLoader) -> None:
 
 
 def example_inputs(dataset: Dataset, n: int = 2) -> torch.Tensor:
-    """The inputs of the first `n` samples as a batch: what a model is tried on when built.
-    A dataset may draw random numbers (augmentation): torch's RNG is left as it was, so taking
-    an example never shifts the random stream a resumed run restores."""
+    """The inputs of the first `n` samples as a batch: what a model is tried on when built."""
+    return example_batch(dataset, n)[0]
+
+
+def example_batch(dataset: Dataset, n: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of the first `n` samples as a batch. A dataset may draw random
+    numbers (augmentation): torch's RNG is left as it was, so taking an example never shifts
+    the random stream a resumed run restores."""
     with torch.random.fork_rng(devices=[]):
-        return torch.stack([dataset[i][0] for i in range(min(n, len(dataset)))])
+        xs, ys = zip(*(dataset[i] for i in range(min(n, len(dataset)))), strict=True)
+    return torch.stack(xs), torch.stack([torch.as_tensor(y) for y in ys])
 
 
 def empty_batch(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,10 @@
       name: classification      # or regression (numeric labels)
 
 Labels are class names or numbers for classification (ids follow the sorted names) and numbers
-for regression. Features are standardised with the mean and standard deviation of the
+for regression. Multi-label (task.name=multilabel) reads either several 0/1 columns
+(`label: [beach, dog, sunset]`; 1/0, true/false, yes/no) or one column of label names joined
+by `label_sep` (`dog|beach`, empty for none; the labels are the training table's, sorted).
+Features are standardised with the mean and standard deviation of the
 training rows only (a constant column's std counts as 1); those statistics, the feature names
 and the class names travel in every checkpoint (`meta`), so evaluation and prediction read
 new rows the same way. Columns are matched by name: a resumed or fine-tuned run, an
@@ -30,6 +33,7 @@ import torch
 
 from ..errors import ConfigError
 from .in_memory import InMemoryDataset, mean_and_std
+from .label_sets import is_number, label_columns, label_matrix, label_names
 
 
 @dataclass
@@ -39,9 +43,11 @@ class Options:
     # A held-out test table (same columns): never trained on nor used to choose best.pt;
     # scored once at the end of training and by evaluate.py --split test
     test_path: str = ""
-    label: str = "label"  # the target column
-    features: str = ""  # comma-separated feature columns; "" = every column but the label
-    targets: Literal["auto", "class", "value"] = "auto"  # auto: what task.name needs
+    # The target column; multi-label: a list of 0/1 columns, or one column of joined labels
+    label: str | list[str] = "label"
+    label_sep: str = "|"  # multi-label from one column: the separator between its labels
+    features: str = ""  # comma-separated feature columns; "" = every column but the labels
+    targets: Literal["auto", "class", "value", "labels"] = "auto"  # auto: what task.name needs
     normalize: bool = True  # standardise features with the training rows' mean and std
 
 
@@ -58,14 +64,26 @@ class CSVTable(InMemoryDataset):
         return bool(opts.test_path)
 
     def __init__(self, opts: Options, split: str):
+        if not isinstance(opts.label, str) and opts.targets != "labels":
+            raise ConfigError(
+                f"data.label is a list of columns {opts.label[:5]}, which only multi-label "
+                "targets read (task.name=multilabel); give one column for this task"
+            )
         self.opts = opts
         key = {"val": "data.val_path", "test": "data.test_path"}.get(split, "data.path")
         self.path = path = Path(getattr(opts, key.removeprefix("data.")))
         self.key = key
         self.features, self.x, labels = read_table(path, key, opts)
-        self.num_classes = self.num_targets = None
-        self.test_labels = None
-        if opts.targets == "value":
+        self.num_classes = self.num_targets = self.num_labels = None
+        self.test_labels = self.label_names = None
+        if opts.targets == "labels":
+            names = None  # the training table's, or (test split) the model's in prepare
+            if split == "val":
+                names = label_names(read_table(Path(opts.path), "data.path", opts)[2], opts)
+            self.classes, self.test_labels = None, labels
+            if split != "test":
+                self._set_labels(names or label_names(labels, opts))
+        elif opts.targets == "value":
             self.y = _numbers(labels, path, opts.label).unsqueeze(1)  # (N, 1) targets
             self.num_targets = 1
             self.classes = None
@@ -80,6 +98,15 @@ class CSVTable(InMemoryDataset):
             self.y = _class_ids(labels, self.classes, path, opts.label)
             self.num_classes = len(self.classes)
         self.meta = {"features": self.features, "label": opts.label, "classes": self.classes}
+        if opts.targets == "labels":  # what predict.py needs to read a table's labels
+            self.meta |= {"labels": self.label_names, "label_sep": opts.label_sep}
+
+    def _set_labels(self, names: list[str]) -> None:
+        """Multi-label targets (N, L) float 0/1 in the order of `names`."""
+        self.label_names, self.num_labels = names, len(names)
+        self.y = label_matrix(self.test_labels, names, self.path, self.opts)
+        if hasattr(self, "meta"):
+            self.meta = {**self.meta, "labels": names}
 
     def match_columns(self, names: list[str], source: str) -> None:
         """Take the feature columns in the order of `names`, the feature names of `source`
@@ -110,7 +137,16 @@ class CSVTable(InMemoryDataset):
     def prepare(self, indices, meta: dict | None) -> dict:
         """Standardise with the statistics of the training rows `indices` (or `meta`'s, whose
         feature columns match_columns has matched)."""
-        if meta is not None and self.test_labels is not None:
+        if meta is not None and self.opts.targets == "labels":
+            if self.label_names is None:  # the test split: the model's labels
+                self._set_labels(list(meta.get("labels") or []))
+            if meta.get("labels") != self.label_names:
+                raise ConfigError(
+                    f"CSV file {str(self.path)!r} ({self.key}) has other labels than the model "
+                    f"was trained on ({_listed(self.label_names)} now, "
+                    f"{_listed(meta.get('labels') or [])} then); give it the same labels"
+                )
+        elif meta is not None and self.test_labels is not None:
             self.classes = meta.get("classes") or []
             self.y = _class_ids(self.test_labels, self.classes, self.path, self.opts.label)
             self.num_classes, self.meta = len(self.classes), {**self.meta, "classes": self.classes}
@@ -144,22 +180,24 @@ def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Te
         )
     # Column positions by name: one dict, so a table of 100,000 columns reads in linear time.
     position = {name: i for i, name in enumerate(header)}
-    if opts.label not in position:
+    targets = label_columns(opts)
+    absent = next((c for c in targets if c not in position), None)
+    if absent is not None:
         raise ConfigError(
-            f"CSV file {str(path)!r} has no column {opts.label!r} (columns: "
+            f"CSV file {str(path)!r} has no column {absent!r} (columns: "
             f"{_listed(header)}); set data.label to the target column"
         )
     wanted = [c.strip() for c in opts.features.split(",") if c.strip()] or [
-        c for c in header if c != opts.label
+        c for c in header if c not in targets
     ]
     missing = [c for c in wanted if c not in position]
-    if missing or not wanted or opts.label in wanted:
+    if missing or not wanted or any(c in wanted for c in targets):
         problem = (
             f"no column {missing[0]!r}" if missing else "no feature columns besides the label"
         )
         raise ConfigError(f"CSV file {str(path)!r} has {problem}; check data.features")
     columns = [position[c] for c in wanted]
-    label_at = position[opts.label]
+    label_at = [position[c] for c in targets]
     values, labels = [], []
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != len(header):
@@ -176,7 +214,8 @@ def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Te
                 f"{row[bad]!r}, not a number; fill or drop that value, or leave the column out "
                 "of data.features"
             ) from None
-        labels.append(row[label_at].strip())
+        found = [row[i].strip() for i in label_at]
+        labels.append(found[0] if isinstance(opts.label, str) else found)
     x = torch.tensor(values, dtype=torch.float32)
     if not torch.isfinite(x).all():
         line = int((~torch.isfinite(x)).any(1).nonzero()[0]) + 2
@@ -204,14 +243,6 @@ def _rows(path: Path, key: str) -> list[list[str]]:
 def _listed(names: list[str], limit: int = 20) -> str:
     shown = ", ".join(names[:limit])
     return shown if len(names) <= limit else f"{shown}, ... ({len(names):,} in all)"
-
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _sorted_names(labels: list[str]) -> list[str]:

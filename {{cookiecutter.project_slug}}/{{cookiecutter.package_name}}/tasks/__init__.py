@@ -3,7 +3,8 @@
 The training loop and `evaluate` call the task and name no loss. To add a task: write
 tasks/<name>.py with a class like those below, then add one line to TASKS. A task has
 - `Options`: a dataclass of its settings (the `task:` section of the config, beside `name`);
-- `targets`: what it needs from the data: "class" (int64 ids), "value" (floats) or "tokens";
+- `targets`: what it needs from the data: "class" (int64 ids), "value" (floats), "labels"
+  (a float 0/1 vector per sample) or "tokens";
 - `metrics`: {name: "max" | "min"}, the first one picking best.pt by default;
 - `__init__(opts, data, meta)`: reads the sizes it needs from the training data (e.g.
   num_classes) and sets `num_outputs`, the size of the model's last dimension; `meta` is the
@@ -24,7 +25,14 @@ tasks/<name>.py with a class like those below, then add one line to TASKS. A tas
 - `tune` (optional): whether validation tunes the task's decisions (classification's
   task.threshold=auto); a task that tunes records them as meta["tuned"] in the data meta it
   was given, which every checkpoint saves; evaluate sets `tune = False` to score with them.
+- `head()`, `describe()` (optional): `decode` as a module for the exported artifact (None:
+  the outputs as they are) and what the artifact's output is (its JSON's "output": shape,
+  units, names); without them the artifact applies `decode` and states the shape only;
+- `columns()`, `rows(decoded)` (optional): predict.py's CSV columns and its rows for a batch
+  of decoded outputs; without them it writes the decoded values.
 A different loss is an option of the task (e.g. regression's `loss: huber`), not a new task.
+`check_task` (tasks/protocol.py) tries every method on a real batch before a run writes
+anything, so a task returning the wrong kind or shape is one line naming the method.
 """
 
 from __future__ import annotations
@@ -32,12 +40,17 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .classification import Classification
 from .language_model import LanguageModel
+from .multilabel import MultiLabel
+from .protocol import check_task
 from .regression import Regression
+
+__all__ = ["TASKS", "build_task", "check_metric", "check_task", "metric_names"]
 
 TASKS = {
     "classification": Classification,
     "regression": Regression,
     "language_model": LanguageModel,
+    "multilabel": MultiLabel,
 }
 
 

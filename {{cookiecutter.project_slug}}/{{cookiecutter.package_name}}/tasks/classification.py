@@ -164,6 +164,30 @@ class Classification:
         order = ["loss", *self.metrics, "threshold"]  # as the console and summary show them
         return {**{m: metrics[m] for m in order if m in metrics}, "count": int(count)}
 
+    # What predict.py writes and an exported artifact computes (logits: no head) and promises.
+    def head(self) -> None:
+        return None
+
+    def describe(self) -> dict:
+        return {
+            "shape": ["batch", self.num_outputs],
+            "units": "logits per class, in the order of `classes` (softmax gives probabilities)",
+            "classes": self.label_names,
+        }
+
+    def columns(self) -> list[str]:
+        return ["prediction", "probability", *(f"prob_{c}" for c in self.label_names)]
+
+    def rows(self, logits: torch.Tensor) -> list[list]:
+        """predict.py's rows: the class decided (with two, by task.threshold), its
+        probability and every class's."""
+        probabilities = logits.float().softmax(-1)
+        index = self.decide(probabilities)
+        return [
+            [self.label_names[i], round(p[i], 6), *(round(q, 6) for q in p)]
+            for i, p in zip(index.tolist(), probabilities.tolist(), strict=True)
+        ]
+
 
 def from_confusion(confusion: torch.Tensor) -> dict:
     """acc, per-class precision / recall / F1, macro-F1 and balanced accuracy from a K x K

@@ -55,3 +55,13 @@ class LanguageModel:
             "acc": sums["correct"] / tokens,
             "count": int(tokens),
         }
+
+    # What an exported artifact computes (logits: no head) and promises.
+    def head(self) -> None:
+        return None
+
+    def describe(self) -> dict:
+        return {
+            "shape": ["batch", "positions", self.num_outputs],
+            "units": "next-token logits per position over `vocab`",
+        }

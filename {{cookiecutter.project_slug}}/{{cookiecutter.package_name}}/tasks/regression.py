@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import ConfigError
 from ..utils.device import sums_dtype
@@ -36,7 +37,7 @@ class Regression:
     metrics = {"rmse": "min", "mae": "min", "r2": "max", "loss": "min"}
 
     def __init__(self, opts: Options, data, meta: dict | None = None):
-        self.opts = opts
+        self.opts, self.meta = opts, meta or {}
         self.num_outputs = getattr(data, "num_targets", None)
         if not self.num_outputs:
             raise ConfigError(
@@ -100,3 +101,39 @@ class Regression:
             "r2": 1 - sse / sst if sst > 0 else float("nan"),
             "count": int(count),
         }
+
+    # What predict.py writes and an exported artifact computes and promises.
+    def head(self) -> nn.Module:
+        return Unstandardise(self.mean.float(), self.std.float())  # decode, in float32
+
+    def target_names(self) -> list[str]:
+        label, k = self.meta.get("label"), self.num_outputs
+        return [label] if isinstance(label, str) and k == 1 else [f"target_{i}" for i in range(k)]
+
+    def describe(self) -> dict:
+        return {
+            "shape": ["batch", self.num_outputs],
+            "units": "values per target in the targets' own units (the un-standardisation is "
+            "inside)",
+            "targets": self.target_names(),
+        }
+
+    def columns(self) -> list[str]:
+        k = self.num_outputs
+        return ["prediction"] if k == 1 else [f"prediction_{i}" for i in range(k)]
+
+    def rows(self, values: torch.Tensor) -> list[list]:
+        """predict.py's rows: the values in the targets' units (decode's output)."""
+        return [[round(v, 6) for v in row] for row in values.view(len(values), -1).tolist()]
+
+
+class Unstandardise(nn.Module):
+    """decode inside an exported artifact: standardised outputs (N, T) to the targets' units."""
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor):
+        super().__init__()
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.std + self.mean  # (N, T) * (T,) + (T,)

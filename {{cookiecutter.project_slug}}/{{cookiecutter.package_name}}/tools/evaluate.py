@@ -115,7 +115,7 @@ def evaluate_checkpoint(
             scored_as = {"split": "test"}
         metrics = {"checkpoint": path, "step": trained.step, **scored_as, **metrics}
         if report_dir and dist.is_main:
-            classes = trained.meta.get("classes")
+            classes = trained.meta.get("classes") or trained.meta.get("labels")
             for line in report.write(Path(report_dir), metrics, collector, classes):
                 print(line)
         return metrics if dist.is_main else None

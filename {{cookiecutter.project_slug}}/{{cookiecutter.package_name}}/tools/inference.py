@@ -51,7 +51,12 @@ class Trained:
     def task(self):
         """The run's task, from the checkpoint alone: its size from io, its target statistics
         from meta; `task.decode(model(x))` is a prediction in the targets' own units."""
-        size = {"class": "num_classes", "value": "num_targets", "tokens": "vocab_size"}
+        size = {
+            "class": "num_classes",
+            "value": "num_targets",
+            "labels": "num_labels",
+            "tokens": "vocab_size",
+        }
         targets = TASKS[self.cfg.task.name].targets
         data = SimpleNamespace(**{size[targets]: self.io["num_outputs"]})
         return build_task(self.cfg.task, data, self.meta)

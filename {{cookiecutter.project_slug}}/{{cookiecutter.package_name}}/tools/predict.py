@@ -70,24 +70,27 @@ def check_options(
 def predict_rows(
     trained: Trained, x: torch.Tensor, device: torch.device, batch_size: int, amp: str = "off"
 ) -> list[list]:
-    """The model's predictions for `x`, batch by batch, under `amp`: [class name, its
-    probability, every class's probability] per row for a classifier (the class decided by
-    the task: with two, task.threshold), else its output values in the targets' units."""
-    model, rows = trained.model.to(device), []
+    """The model's predictions for `x`, batch by batch, under `amp`: the task's rows of its
+    decoded outputs (`rows`: a classifier's class, its probability and every class's; a
+    multi-label model's labels, probabilities and decisions), else the values themselves."""
+    model, rows, task = trained.model.to(device), [], trained.task
     for start in range(0, len(x), batch_size):
         with autocast(device, amp):
             output = model(x[start : start + batch_size].to(device))
-        output = trained.task.decode(output.float()).cpu()
-        if trained.classes:
-            probabilities = output.float().softmax(-1)
-            index = trained.task.decide(probabilities)
-            rows += [
-                [trained.classes[i], round(p[i], 6), *(round(q, 6) for q in p)]
-                for i, p in zip(index.tolist(), probabilities.tolist(), strict=True)
-            ]
+        output = task.decode(output.float()).cpu()
+        if hasattr(task, "rows"):
+            rows += task.rows(output)
         else:
             rows += [[round(v, 6) for v in row] for row in output.view(len(output), -1).tolist()]
     return rows
+
+
+def columns(trained: Trained) -> list[str]:
+    """The prediction columns of predict_rows' rows (the task's `columns`)."""
+    if hasattr(trained.task, "columns"):
+        return trained.task.columns()
+    width = trained.io["num_outputs"]
+    return ["prediction"] if width == 1 else [f"prediction_{i}" for i in range(width)]
 
 
 def is_predictions(path: Path) -> bool:
@@ -116,7 +119,7 @@ def predict(
 ) -> dict:
     """Predict every input under `amp` (None: the checkpoint's train.amp); write the CSV to
     `out` (stdout when None). Returns {"rows": n, "accuracy": of labelled classification
-    rows, else None, "amp": the mixed precision used}."""
+    rows (multi-label: the exact match ratio), else None, "amp": the mixed precision used}."""
     target = check_options(batch_size, device)
     trained = load_trained(checkpoint)
     if trained.cfg.task.name == "language_model":
@@ -125,17 +128,15 @@ def predict(
     sources = check_inputs(trained, inputs, split)
     if out:  # after the inputs, so that a bad one is named first; before the model runs
         outputs.check_out(Path(out), [checkpoint, *inputs], is_predictions, force)
-    width = trained.io["num_outputs"]
-    values = ["prediction"] if width == 1 else [f"prediction_{i}" for i in range(width)]
-    if trained.classes:  # prob_<class>: every class's probability, in the classes' order
-        values = ["prediction", "probability", *(f"prob_{c}" for c in trained.classes)]
-    header = values
+    header = columns(trained)
+    # Labels given are scored for a classifier (accuracy) and a multi-label model (exact match)
+    scored = trained.classes or trained.task.targets == "labels"
     table, correct, labelled = [], 0, 0
     for _, ids, x, labels in sources:
         for i, row in enumerate(predict_rows(trained, x, target, batch_size, amp)):
             label = labels[i] if labels else ""
             table.append([ids[i], *row, label])
-            if label != "" and trained.classes:
+            if labels is not None and (label != "" or not trained.classes) and scored:
                 labelled += 1
                 correct += row[0] == label
     buffer = text_io.StringIO(newline="")

@@ -18,6 +18,7 @@ import torch
 
 from ..data.csv_table import is_number
 from ..data.image_folder import EXTENSIONS, decode
+from ..data.label_sets import joined, table_labels
 from ..errors import ConfigError
 from .inference import Trained, validation_set
 
@@ -81,8 +82,11 @@ def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, lis
     x = torch.tensor(values, dtype=torch.float32)
     x = (x - torch.tensor(meta["mean"])) / torch.tensor(meta["std"])
     label = meta.get("label")
-    labels = [row[at[label]].strip() for row in rows] if label in at else None
-    if labels is not None:
+    if isinstance(meta.get("labels"), list):  # multi-label: each row's labels, joined
+        labels = table_labels(header, rows, meta, path)
+    else:
+        labels = [row[at[label]].strip() for row in rows] if label in at else None
+    if labels is not None and not isinstance(meta.get("labels"), list):
         _check_labels(labels, meta.get("classes"), name, label)
     return [f"{path}:{i + 2}" for i in range(len(rows))], x, labels  # ids: file:line
 
@@ -182,6 +186,10 @@ def _labels(y, trained: Trained, name: str, n: int) -> list:
             )
         return [trained.classes[i] for i in y.tolist()]
     values = y.view(n, -1).tolist()
+    if trained.task.targets == "labels" and values:  # multi-label: 0/1 per label, joined
+        names = trained.task.label_names
+        if len(values[0]) == len(names) and all(v in (0, 1) for v in values[0]):
+            return [joined(names, row) for row in values]
     if values and len(values[0]) != trained.io["num_outputs"]:
         raise ConfigError(
             f"{name}: y has {len(values[0])} values per input, the model predicts "

@@ -1,7 +1,8 @@
 """The evaluation report that scripts/evaluate.py writes beside the checkpoint, in
 <checkpoint stem>_report/: report.json (the metrics, and per class: precision, recall, F1,
-support, and the confusion matrix), per_class.csv, and a picture: confusion_matrix.png for a
-classifier, pred_vs_true.png for regression. matplotlib is optional: without it the pictures
+support, and the confusion matrix; multi-label: per label, with its average precision and
+its 2 x 2 counts), per_class.csv, and a picture: confusion_matrix.png for a classifier,
+pred_vs_true.png for regression. matplotlib is optional: without it the pictures
 are skipped with a one-line note.
 
 Under torchrun every rank sees its shard: a classifier's confusion counts are all-reduced as
@@ -41,7 +42,8 @@ class Collector:
         """`decide(probabilities)`: the task's class decision (classification's threshold
         for two classes); the most probable class without it."""
         self.task, self.k, self.decide = task, num_outputs, decide
-        self.confusion = torch.zeros(num_outputs, num_outputs, dtype=torch.int64, device=device)
+        shape = (num_outputs, 2, 2) if task == "multilabel" else (num_outputs, num_outputs)
+        self.confusion = torch.zeros(shape, dtype=torch.int64, device=device)
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # regression (pred, true)
 
     def __call__(self, output: torch.Tensor, y: torch.Tensor) -> None:
@@ -49,6 +51,12 @@ class Collector:
             pred = self.decide(output.float().softmax(-1)) if self.decide else output.argmax(-1)
             cells = torch.bincount(y * self.k + pred, minlength=self.k * self.k)
             self.confusion += cells.view(self.k, self.k)  # rows: true class, columns: predicted
+        elif self.task == "multilabel":  # output: probabilities; [label, true, predicted]
+            pred, label = self.decide(output.float()), torch.arange(self.k, device=y.device)
+            cells = torch.bincount(
+                (label * 4 + y.long() * 2 + pred).flatten(), minlength=4 * self.k
+            )
+            self.confusion += cells.view(self.k, 2, 2)
         elif self.task == "regression":
             self.pairs.append(
                 (output.float().view(len(y), -1).cpu(), y.float().view(len(y), -1).cpu())
@@ -85,6 +93,33 @@ def per_class(confusion: torch.Tensor, classes: list[str]) -> list[dict]:
             }
         )
     return rows
+
+
+def per_label(confusion: torch.Tensor, labels: list[str], metrics: dict) -> list[dict]:
+    """Precision, recall, F1, average precision and support (positives) of each label from
+    its 2 x 2 counts [true, predicted] at the task's thresholds and the metrics' AP."""
+    rows = []
+    for name, cells in zip(labels, confusion.double(), strict=True):
+        tp, fp, fn = cells[1, 1].item(), cells[0, 1].item(), cells[1, 0].item()
+        rows.append(
+            {
+                "label": name,
+                "precision": tp / (tp + fp) if tp + fp else 0.0,
+                "recall": tp / (tp + fn) if tp + fn else 0.0,
+                "f1": 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0,
+                "ap": metrics.get(f"ap/{name}", float("nan")),
+                "support": int(tp + fn),
+            }
+        )
+    return rows
+
+
+def _write_table(path: Path, rows: list[dict]) -> None:
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    locks.replace_text(path, table.getvalue())
 
 
 def is_report(folder: Path) -> bool:
@@ -157,11 +192,13 @@ def _write_files(
             key: sum(r[key] for r in rows) / len(rows) for key in ("precision", "recall", "f1")
         }
         report["confusion_matrix"] = collector.confusion.cpu().tolist()
-        table = io.StringIO(newline="")
-        writer = csv.DictWriter(table, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-        locks.replace_text(out_dir / "per_class.csv", table.getvalue())
+        _write_table(out_dir / "per_class.csv", rows)
+    if collector.task == "multilabel":
+        names = classes or [str(i) for i in range(collector.k)]
+        rows = per_label(collector.confusion.cpu(), names, metrics)
+        report["per_label"] = rows
+        report["label_confusion"] = collector.confusion.cpu().tolist()  # [label][true][pred]
+        _write_table(out_dir / "per_class.csv", rows)
     locks.replace_text(out_dir / "report.json", json.dumps(report, indent=2))
     if not available():
         return [f"note: matplotlib is not installed; no pictures ({INSTALL_HINT})"]

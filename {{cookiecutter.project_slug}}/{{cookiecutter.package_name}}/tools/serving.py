@@ -13,40 +13,52 @@ from .inference import Trained
 
 class Serving(nn.Module):
     """The model as a caller outside this project uses it: raw inputs standardised with the
-    training data's statistics (CSV columns, image channels), and outputs mapped back to the
-    targets' units for regression (which learns standardised targets), as predict.py does."""
+    training data's statistics (CSV columns, image channels), and the outputs decoded as the
+    task decodes them for predict.py (`head`: regression's targets mapped back to their
+    units, multi-label's sigmoid; none for logits)."""
 
-    def __init__(self, model: nn.Module, inputs=None, outputs=None, positions: int | None = None):
+    def __init__(
+        self, model: nn.Module, inputs=None, head: nn.Module | None = None, positions=None
+    ):
         super().__init__()
         self.model = model
+        self.head = head
         self.positions = positions  # a language model's longest input; the exporters read it
-        for prefix, stats in (("in", inputs), ("out", outputs)):
-            mean, std = (t.float() for t in stats) if stats else (None, None)
-            self.register_buffer(f"{prefix}_mean", mean)
-            self.register_buffer(f"{prefix}_std", std)
+        mean, std = (t.float() for t in inputs) if inputs else (None, None)
+        self.register_buffer("in_mean", mean)
+        self.register_buffer("in_std", std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_mean is not None:  # (N, F) - (F,), or (N, 3, S, S) - (3, 1, 1)
             x = (x - self.in_mean) / self.in_std
         y = self.model(x)
-        if self.out_mean is not None:
-            y = y * self.out_std + self.out_mean  # (N, T) * (T,) + (T,)
-        return y
+        return y if self.head is None else self.head(y)
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """Model inputs (standardised) back to what a caller gives the artifact."""
         return x if self.in_mean is None else x * self.in_std + self.in_mean
 
 
+class Decode(nn.Module):
+    """A task's `decode` as a module, for a task without `head()`: what predict.py applies
+    to the model's outputs is inside the artifact for every task."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.decode = task.decode
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.decode(y)
+
+
 def serving_model(trained: Trained) -> Serving:
     """What the artifact computes: the model with its preprocessing and decoding around it."""
-    meta, inputs, outputs = trained.meta, None, None
+    meta, inputs, task = trained.meta, None, trained.task
     if "mean" in meta and "std" in meta:  # CSV features (F,) or image channels (3,)
         shape = (-1, 1, 1) if "image_size" in meta else (-1,)
         inputs = (torch.tensor(meta["mean"]).view(shape), torch.tensor(meta["std"]).view(shape))
-    if trained.cfg.task.name == "regression":
-        outputs = (trained.task.mean, trained.task.std)
-    return Serving(trained.model, inputs, outputs, max_positions(trained)).eval()
+    head = task.head() if hasattr(task, "head") else Decode(task)
+    return Serving(trained.model, inputs, head, max_positions(trained)).eval()
 
 
 def max_positions(trained: Trained) -> int | None:
@@ -99,14 +111,10 @@ def input_units(meta: dict) -> str:
 
 
 def output_spec(trained: Trained) -> dict:
-    shape, task = ["batch", trained.io["num_outputs"]], trained.cfg.task.name
-    if task == "classification":
-        units = "logits per class, in the order of `classes` (softmax gives probabilities)"
-        return {"name": "output", "shape": shape, "units": units, "classes": trained.classes}
-    if task == "regression":
-        label = trained.meta.get("label")
-        names = [label] if label and shape[1] == 1 else [f"target_{i}" for i in range(shape[1])]
-        units = "values per target in the targets' own units (the un-standardisation is inside)"
-        return {"name": "output", "shape": shape, "units": units, "targets": names}
-    units = "next-token logits per position over `vocab`"
-    return {"name": "output", "shape": ["batch", "positions", shape[1]], "units": units}
+    """The task's own description of its output (tasks/: `describe()`), or, for a task
+    without one, its decoded outputs by shape: never another task's wording."""
+    task = trained.task
+    if hasattr(task, "describe"):
+        return {"name": "output", **task.describe()}
+    units = f"task.name={trained.cfg.task.name}'s outputs as its decode() gives them"
+    return {"name": "output", "shape": ["batch", trained.io["num_outputs"]], "units": units}

@@ -1,0 +1,259 @@
+"""Multi-label classification: the metrics agree with scikit-learn from sums over uneven
+parts, pos_weight (none, auto, a list, a mapping) reaches the loss, the thresholds are tuned
+per label on validation and used by evaluate, predict and export; a table's labels are read
+from several 0/1 columns or one joined column, tensor files' from a 0/1 float y; and a run
+trains, evaluates, predicts and exports with the sigmoid inside the artifact."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_with
+from test_tasks import in_parts, task
+
+from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.tasks import ranking
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
+from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.predict import predict
+from {{ cookiecutter.package_name }}.trainer import fit
+from {{ cookiecutter.package_name }}.utils.metrics import flatten
+
+LABELS = ["beach", "dog", "people", "sunset"]
+
+
+def tagged(n: int = 600, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (n, 4) and 0/1 targets at rates 40 % to 5 %, the logits informative."""
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, 4, generator=g) < torch.tensor([0.4, 0.25, 0.1, 0.05])).float()
+    return torch.randn(n, 4, generator=g) + 2.0 * y - 1.0, y
+
+
+def test_metrics_match_sklearn_from_sums_over_uneven_parts():
+    metrics = pytest.importorskip("sklearn.metrics")
+    logits, y = tagged()
+    got = flatten(in_parts(task("multilabel", num_labels=4), logits, y, cuts=(7, 250)))
+    p = logits.sigmoid().numpy()
+    pred, truth = (p >= 0.5).astype(int), y.numpy().astype(int)
+    assert got["count"] == 600
+    assert got["loss"] == pytest.approx(F.binary_cross_entropy_with_logits(logits, y).item())
+    assert got["micro_f1"] == pytest.approx(metrics.f1_score(truth, pred, average="micro"))
+    assert got["macro_f1"] == pytest.approx(metrics.f1_score(truth, pred, average="macro"))
+    assert got["exact_match"] == pytest.approx(metrics.accuracy_score(truth, pred))
+    for name, fn in [
+        ("precision", metrics.precision_score),
+        ("recall", metrics.recall_score),
+        ("f1", metrics.f1_score),
+    ]:
+        want = fn(truth, pred, average=None, zero_division=0).tolist()
+        assert [got[f"{name}/{i}"] for i in range(4)] == pytest.approx(want), name
+    want_ap = metrics.average_precision_score(truth, p, average=None).tolist()
+    assert [got[f"ap/{i}"] for i in range(4)] == pytest.approx(want_ap, abs=1e-3)
+    want_map = metrics.average_precision_score(truth, p, average="macro")
+    assert got["map"] == pytest.approx(want_map, abs=1e-3)
+
+
+def test_auto_thresholds_are_each_labels_f1_best_and_are_recorded_in_the_data_meta():
+    metrics = pytest.importorskip("sklearn.metrics")
+    logits, y = tagged(seed=1)
+    meta = {}
+    t = task("multilabel", "task.threshold=auto", meta=meta, num_labels=4)
+    got = flatten(in_parts(t, logits, y))
+    thresholds = meta["tuned"]["thresholds"]
+    assert thresholds == [got[f"threshold/{i}"] for i in range(4)] == t.thresholds
+    p, truth = logits.sigmoid().numpy(), y.numpy().astype(int)
+    for i, chosen in enumerate(thresholds):
+        f1 = metrics.f1_score(truth[:, i], p[:, i] >= chosen)
+        assert got[f"f1/{i}"] == pytest.approx(f1)  # exact at a bin edge
+        edges = [k / ranking.BINS for k in range(0, ranking.BINS, 16)]
+        best = max(metrics.f1_score(truth[:, i], p[:, i] >= e) for e in edges)
+        assert f1 >= best - 1e-12  # no coarser edge does better
+    assert thresholds != [0.5] * 4
+    # A task built from that meta (evaluate, predict, a resume) decides with them.
+    again = task("multilabel", "task.threshold=auto", meta=meta, num_labels=4)
+    assert again.thresholds == thresholds
+
+
+def test_pos_weight_reaches_the_loss_and_the_reported_loss_stays_plain():
+    logits, y = tagged(n=64)
+    plain = task("multilabel", num_labels=4, label_names=LABELS)
+    meta = {"label_counts": [40, 16, 8, 4], "label_rows": 80}
+    for option, weights in [
+        ("task.pos_weight=[1,1,2,2]", [1.0, 1.0, 2.0, 2.0]),
+        ("task.pos_weight={sunset: 4, beach: 1, dog: 2, people: 3}", [1.0, 2.0, 3.0, 4.0]),
+        ("task.pos_weight=auto", [40 / 40, 64 / 16, 72 / 8, 76 / 4]),
+    ]:
+        weighted = task("multilabel", option, meta=meta, num_labels=4, label_names=LABELS)
+        want = F.binary_cross_entropy_with_logits(logits, y, pos_weight=torch.tensor(weights))
+        assert weighted.loss(logits, y).item() == pytest.approx(want.item(), rel=1e-6), option
+        assert in_parts(weighted, logits, y)["loss"] == in_parts(plain, logits, y)["loss"]
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("task.pos_weight=[1,2]", r"has 2 weights for the 4 labels"),
+        ("task.pos_weight={beach: 1, cat: 2}", r"\['cat'\] are not labels"),
+        ("task.pos_weight={beach: 1}", r"have no weight"),
+    ],
+)
+def test_pos_weights_that_do_not_fit_the_labels_are_one_line(option, message):
+    with pytest.raises(ConfigError, match=message):
+        task("multilabel", option, num_labels=4, label_names=LABELS)
+
+
+@pytest.mark.parametrize(
+    "option", ["task.pos_weight=[1,-1]", "task.pos_weight=some", "task.threshold=1.5"]
+)
+def test_bad_pos_weight_or_threshold_values_are_refused_by_the_config(option):
+    with pytest.raises(ConfigError, match=option.split("=")[0].removeprefix("task.")):
+        load_config(None, ["task.name=multilabel", option])
+
+
+def tags_table(path, n: int = 400, columns: bool = False, seed: int = 2) -> None:
+    """A table of 6 features and 3 tags each present where its feature is high: one column
+    "tags" of joined names, or (columns) one 0/1 column per tag."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    on = (x[:, :3] + 0.3 * torch.randn(n, 3, generator=g)) > 0.3
+    names = ["red", "green", "blue"]
+    head = ["a", "b", "c", "d", "e", "f", *(names if columns else ["tags"])]
+    lines = [",".join(head)]
+    for row, tags in zip(x.tolist(), on.tolist(), strict=True):
+        labels = [str(int(t)) for t in tags] if columns else ["|".join(
+            n for n, t in zip(names, tags, strict=True) if t)]  # fmt: skip
+        lines.append(",".join([*(f"{v:.4f}" for v in row), *labels]))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def csv_args(tiny, table, *extra):
+    return tiny_with(
+        tiny, "data.name=csv", f"data.path={table}", "model.name=mlp", "model.width=16",
+        "task.name=multilabel", *extra,
+    )  # fmt: skip
+
+
+def test_a_joined_column_and_0_1_columns_read_as_the_same_targets(tmp_path, tiny):
+    from {{ cookiecutter.package_name }}.trainer import build_data
+
+    joined, columns = tmp_path / "joined.csv", tmp_path / "columns.csv"
+    tags_table(joined)
+    tags_table(columns, columns=True)
+    one = build_data(load_config(None, csv_args(tiny, joined, "data.label=tags")))
+    many = build_data(load_config(None, csv_args(tiny, columns, "data.label=[red,green,blue]")))
+    assert one[2]["labels"] == ["blue", "green", "red"]  # sorted names of the one column
+    assert many[2]["labels"] == ["red", "green", "blue"]  # the columns' order
+    y_one = torch.stack([one[0][i][1] for i in range(len(one[0]))])
+    y_many = torch.stack([many[0][i][1] for i in range(len(many[0]))])
+    assert torch.equal(y_one, y_many[:, [2, 1, 0]])
+    assert one[2]["label_counts"] == y_one.sum(0).tolist() and one[2]["label_rows"] == 360
+    assert one[3].num_outputs == 3 and one[3].label_names == ["blue", "green", "red"]
+
+
+@pytest.mark.parametrize(
+    "edit, label, message",
+    [
+        (lambda t: t.replace(",1\n", ",maybe\n", 1), "[red,green,blue]", "holds 'maybe'"),
+        (lambda t: t, "[red,green,nope]", "has no column 'nope'"),
+    ],
+)
+def test_bad_label_columns_are_one_line(tmp_path, tiny, edit, label, message):
+    table = tmp_path / "t.csv"
+    tags_table(table, columns=True)
+    table.write_text(edit(table.read_text()))
+    with pytest.raises(ConfigError, match=message):
+        fit(load_config(None, csv_args(tiny, table, f"data.label={label}")))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_label_the_training_table_lacks_and_a_list_for_one_class_are_refused(tmp_path, tiny):
+    train, val = tmp_path / "train.csv", tmp_path / "val.csv"
+    tags_table(train)
+    tags_table(val, n=40, seed=5)
+    val.write_text(val.read_text().replace("red", "purple", 1))
+    with pytest.raises(ConfigError, match="label 'purple', which the training table"):
+        fit(load_config(None, csv_args(tiny, train, "data.label=tags", f"data.val_path={val}")))
+    args = tiny_with(tiny, "data.name=csv", f"data.path={train}", "model.name=mlp",
+                     "data.label=[a,b]")  # fmt: skip
+    with pytest.raises(ConfigError, match="only multi-label targets read"):
+        fit(load_config(None, args))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_tensor_files_with_0_1_float_targets_train_and_other_values_are_refused(tmp_path, tiny):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=g)
+    y = (x[:, :3] > 0).float()
+    for name, rows in (("train.pt", slice(0, 160)), ("val.pt", slice(160, 200))):
+        torch.save({"x": x[rows], "y": y[rows]}, tmp_path / name)
+    args = tiny_with(tiny, "data.name=tensors", f"data.root={tmp_path}", "model.name=mlp",
+                     "task.name=multilabel", "task.pos_weight=auto")  # fmt: skip
+    result = fit(load_config(None, args))
+    assert {"map", "micro_f1", "ap/2", "f1/0"} <= set(result["metrics"])
+    torch.save({"x": x[:160], "y": y[:160] * 2}, tmp_path / "train.pt")
+    with pytest.raises(ConfigError, match="multi-label targets must be 0 or 1"):
+        fit(load_config(None, [*args, "run.name=other"]))
+
+
+@pytest.mark.slow  # trains, evaluates, predicts, exports
+def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, tiny, capsys):
+    table = tmp_path / "tags.csv"
+    tags_table(table, n=600)
+    args = csv_args(tiny, table, "data.label=tags", "task.pos_weight=auto",
+                    "task.threshold=auto", "train.epochs=4")  # fmt: skip
+    result = fit(load_config(None, args))
+    run = tmp_path / "runs" / "default"
+    best = checkpoint.load(run / "best.pt")
+    thresholds = best["data"]["tuned"]["thresholds"]
+    assert len(thresholds) == 3 and best["data"]["labels"] == ["blue", "green", "red"]
+    with (run / "metrics.csv").open() as f:
+        header = next(csv.reader(f))
+    assert {"val/map", "val/micro_f1", "val/exact_match", "val/ap/red", "val/f1/blue"} <= set(
+        header
+    )
+    evaluated = evaluate_checkpoint(str(run / "best.pt"), report_dir=str(tmp_path / "report"))
+    assert evaluated["map"] == result["best"]
+    assert [evaluated[f"threshold/{n}"] for n in ("blue", "green", "red")] == thresholds
+    with (tmp_path / "report" / "per_class.csv").open() as f:
+        per_label = list(csv.DictReader(f))
+    assert [r["label"] for r in per_label] == ["blue", "green", "red"]
+    for r in per_label:
+        assert float(r["f1"]) == pytest.approx(evaluated[f"f1/{r['label']}"])
+    out = tmp_path / "predictions.csv"
+    done = predict(str(run / "best.pt"), [], split="val", out=str(out))
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:5] == ["input", "prediction", "prob_blue", "prob_green", "prob_red"]
+    for row in rows:
+        labels = zip(("blue", "green", "red"), thresholds, strict=True)
+        decided = [float(row[f"prob_{n}"]) >= t for n, t in labels]
+        assert [int(row[f"pred_{n}"]) for n in ("blue", "green", "red")] == decided
+        assert row["prediction"] == "|".join(
+            n for n, d in zip(("blue", "green", "red"), decided, strict=True) if d
+        )
+    assert done["accuracy"] == pytest.approx(evaluated["exact_match"])  # the same decisions
+    assert export_main(["--checkpoint", str(run / "best.pt"), "--format", "export"]) == 0
+    exported = json.loads((run / "best.pt2.json").read_text())
+    assert exported["output"]["labels"] == ["blue", "green", "red"]
+    assert exported["output"]["thresholds"] == thresholds
+    assert "probability per label" in exported["output"]["units"]
+    program = torch.export.load(str(run / "best.pt2")).module()
+    raw = torch.tensor([[float(v) for v in line.split(",")[:6]]
+                        for line in table.read_text().splitlines()[1:9]])  # fmt: skip
+    probabilities = program(raw)
+    assert ((probabilities >= 0) & (probabilities <= 1)).all()  # the sigmoid is inside
+    predict(str(run / "best.pt"), [str(table)], out=str(tmp_path / "raw.csv"))
+    with (tmp_path / "raw.csv").open() as f:
+        first = list(csv.DictReader(f))[:8]
+    want = [float(r[f"prob_{n}"]) for r in first for n in ("blue", "green", "red")]
+    assert probabilities.flatten().tolist() == pytest.approx(want, abs=1e-5)
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="task.pos_weight=none differs"):
+        fit(load_config(None, [*args, "train.epochs=5", "train.resume=auto",
+                               "task.pos_weight=none"]))  # fmt: skip

@@ -1,0 +1,90 @@
+"""Multi-label targets of a table: several 0/1 columns, or one column of label names joined
+by a separator, as a float 0/1 matrix (N, L) (data/csv_table.py reads the table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ..errors import ConfigError
+
+
+def is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def label_columns(opts) -> list[str]:
+    """The label column(s): data.label, a list of columns or one column."""
+    return [opts.label] if isinstance(opts.label, str) else list(opts.label)
+
+
+_TRUE, _FALSE = ("1", "1.0", "true", "yes"), ("0", "0.0", "false", "no", "")
+
+
+def label_names(labels: list, opts) -> list[str]:
+    """The labels of a multi-label table: its 0/1 columns' names, or the sorted names found
+    in its one label column (joined by data.label_sep)."""
+    if not isinstance(opts.label, str):
+        return list(opts.label)
+    names = {n.strip() for text in labels for n in text.split(opts.label_sep) if n.strip()}
+    return sorted(names, key=float) if names and all(map(is_number, names)) else sorted(names)
+
+
+def label_matrix(labels: list, names: list[str], path: Path, opts) -> torch.Tensor:
+    """(N, L) float 0/1 targets of multi-label rows: 0/1 columns, or joined label names."""
+    rows = []
+    if not isinstance(opts.label, str):  # one 0/1 column per label
+        for line, values in enumerate(labels, start=2):
+            bad = next((v for v in values if v.lower() not in _TRUE + _FALSE), None)
+            if bad is not None:
+                raise ConfigError(
+                    f"CSV file {str(path)!r} line {line}: a label column holds {bad[:40]!r}; "
+                    "multi-label columns hold 1/0 (or true/false, yes/no)"
+                )
+            rows.append([float(v.lower() in _TRUE) for v in values])
+    else:
+        at = {name: i for i, name in enumerate(names)}
+        for line, text in enumerate(labels, start=2):
+            row = [0.0] * len(names)
+            for name in (n.strip() for n in text.split(opts.label_sep)):
+                if name and name not in at:
+                    raise ConfigError(
+                        f"CSV file {str(path)!r} line {line}: column {opts.label!r} holds the "
+                        f"label {name[:40]!r}, which the training table does not have"
+                    )
+                if name:
+                    row[at[name]] = 1.0
+            rows.append(row)
+    if len(names) < 1:
+        raise ConfigError(
+            f"CSV file {str(path)!r}: column {opts.label!r} holds no labels; give each row its "
+            f"labels joined by data.label_sep={opts.label_sep!r}"
+        )
+    return torch.tensor(rows, dtype=torch.float32).view(len(labels), len(names))
+
+
+def joined(names: list[str], row) -> str:
+    """A sample's labels as text, "dog|beach" (in the labels' order): how predict.py writes
+    the labels it predicts and those it is given."""
+    return "|".join(name for name, on in zip(names, row, strict=True) if on)
+
+
+def table_labels(header: list[str], rows: list[list[str]], meta: dict, path: Path):
+    """The labels of a table's rows as text (joined), read as training read them (meta's
+    label columns and separator), checked against the model's labels; None when the table
+    lacks a label column."""
+    label, names = meta.get("label"), meta["labels"]
+    columns = [label] if isinstance(label, str) else list(label or [])
+    at = {column: i for i, column in enumerate(header)}
+    if not columns or any(column not in at for column in columns):
+        return None
+    texts = [[row[at[c]].strip() for c in columns] for row in rows]
+    texts = [t[0] for t in texts] if isinstance(label, str) else texts
+    opts = SimpleNamespace(label=label, label_sep=meta.get("label_sep", "|"))
+    return [joined(names, row) for row in label_matrix(texts, names, path, opts).tolist()]

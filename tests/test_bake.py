@@ -35,6 +35,7 @@ EXPECTED = {
     "configs/experiments/mlp_large_batch.yaml",
     "configs/experiments/csv_regression.yaml",
     "configs/experiments/imbalanced_table.yaml",
+    "configs/experiments/multilabel_table.yaml",
     "configs/experiments/table_with_test.yaml",
     "configs/experiments/char_lm.yaml",
     "configs/experiments/image_folder.yaml",
@@ -117,11 +118,15 @@ EXPECTED = {
     "PKG/data/in_memory.py",
     "PKG/data/folds.py",
     "PKG/data/csv_table.py",
+    "PKG/data/label_sets.py",
+    "PKG/data/targets.py",
     "PKG/tasks/__init__.py",
     "PKG/tasks/classification.py",
     "PKG/tasks/regression.py",
     "PKG/tasks/language_model.py",
     "PKG/tasks/ranking.py",
+    "PKG/tasks/multilabel.py",
+    "PKG/tasks/protocol.py",
     "PKG/data/text.py",
     "PKG/data/image_folder.py",
     "PKG/models/__init__.py",
@@ -148,6 +153,8 @@ EXPECTED = {
     "tests/test_metrics.py",
     "tests/test_ranking.py",
     "tests/test_imbalance.py",
+    "tests/test_multilabel.py",
+    "tests/test_task_protocol.py",
     "tests/test_faults.py",
     "tests/test_resume.py",
     "tests/test_devices.py",
@@ -308,8 +315,11 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "checkpoints/compare.png",  # written by scripts/compare_runs.py checkpoints/*
         "my_pytorch_project/data/my_data.py",  # the README's examples of new files
         "my_pytorch_project/models/my_net.py",
+        "my_pytorch_project/tasks/l1.py",
         "data/demo/text.txt",  # written by scripts/make_demo_data.py text
         "data/demo/imbalanced.csv",  # written by scripts/make_demo_data.py csv
+        "data/demo/multilabel.csv",
+        "data/demo/regression.csv",
     }
     missing = sorted(p for p in named - generated if not (project / p).exists())
     assert len(named) > 8 and not missing, missing

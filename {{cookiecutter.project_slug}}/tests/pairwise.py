@@ -21,6 +21,7 @@ AXES: dict[str, list] = {
         "reg-csv-mlp",
         "lm-text",
         "cls-imbalanced-mlp",  # class weights auto, best.pt by macro-F1, a tuned threshold
+        "ml-tags-mlp",  # multi-label: pos_weight auto, best.pt by mAP, tuned thresholds
     ],
     # How the model is wrapped, and on how many ranks (two: torchrun, gloo on the CPU). Two
     # axes, not one: every task then needs one two-rank case, not one per strategy.

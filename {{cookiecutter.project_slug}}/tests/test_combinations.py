@@ -91,6 +91,12 @@ def family_args(task: str, data: Path) -> list[str]:
             f"data.path={data / 'imbalanced.csv'}",
             "model.width=16",
         ],
+        "ml-tags-mlp": [
+            "--config",
+            str(CONFIGS / "multilabel_table.yaml"),
+            f"data.path={data / 'multilabel.csv'}",
+            "model.width=16",
+        ],
         "reg-csv-mlp": [
             "--config",
             str(CONFIGS / "csv_regression.yaml"),
@@ -182,7 +188,8 @@ def data(demo_root, tmp_path_factory) -> Path:
     tests have made it already)."""
     root = tmp_path_factory.mktemp("combination-data") / "demo"
     shutil.copytree(demo_root / "data" / "demo", root)
-    for name, rows in (("classes.csv", 400), ("regression.csv", 400), ("imbalanced.csv", 800)):
+    tables = [("classes.csv", 400), ("regression.csv", 400), ("imbalanced.csv", 800)]
+    for name, rows in [*tables, ("multilabel.csv", 400)]:
         lines = (root / name).read_text().splitlines(keepends=True)
         (root / name).write_text("".join(lines[: rows + 1]))
     (root / "text.txt").write_text((root / "text.txt").read_text()[:6000])

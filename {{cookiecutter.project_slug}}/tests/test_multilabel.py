@@ -257,3 +257,32 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
     with pytest.raises(ConfigError, match="task.pos_weight=none differs"):
         fit(load_config(None, [*args, "train.epochs=5", "train.resume=auto",
                                "task.pos_weight=none"]))  # fmt: skip
+
+
+def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_path, tiny):
+    from test_image_folder import write_images
+
+    write_images(tmp_path / "photos" / "a", 30)
+    write_images(tmp_path / "photos" / "b", 30, seed=1)
+    lines = ["file,labels"] + [
+        f"{part}/{i:03d}.png,{'|'.join(['cat'] * (i % 2) + ['dog'] * (part == 'b'))}"
+        for part in ("a", "b") for i in range(30)
+    ]  # fmt: skip
+    (tmp_path / "labels.csv").write_text("\n".join(lines) + "\n")
+    args = tiny_with(tiny, "data.name=image_folder", f"data.root={tmp_path / 'photos'}",
+                     f"data.labels={tmp_path / 'labels.csv'}", "data.image_size=8",
+                     "task.name=multilabel", "train.batch_size=8")  # fmt: skip
+    result = fit(load_config(None, args))
+    assert {"map", "f1/cat", "ap/dog"} <= set(result["metrics"])
+    best = checkpoint.load(tmp_path / "runs" / "default" / "best.pt")
+    assert best["data"]["labels"] == ["cat", "dog"] and best["data"]["label_rows"] == 54
+    out = tmp_path / "p.csv"
+    predict(str(tmp_path / "runs" / "default" / "best.pt"), [str(tmp_path / "photos" / "b")],
+            out=str(out))  # fmt: skip
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 30 and {"prob_cat", "pred_dog"} <= set(rows[0])
+    assert all(row["label"] == "" for row in rows)  # a folder name says nothing of labels
+    (tmp_path / "labels.csv").write_text("file,labels\na/000.png,cat\na/999.png,dog\n")
+    with pytest.raises(ConfigError, match="names '.*999.png', which does not exist"):
+        fit(load_config(None, [*args, "run.name=other"]))

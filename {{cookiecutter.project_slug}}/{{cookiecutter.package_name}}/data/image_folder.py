@@ -10,8 +10,10 @@
       num_workers: 2          # files are decoded per sample: worker processes pay off here
 
 Without train/ and val/ sub-folders, data.val_fraction of the images (of each class)
-validates. Class ids follow the sorted folder names of the training part; val/ may lack a
-class but not add one. Files ending in .png, .jpg, .jpeg, .bmp or .webp count (any case, in
+validates. Multi-label (task.name=multilabel): `labels: data/pets/labels.csv`, a CSV of
+`file,labels` rows (file relative to root, labels joined by label_sep) names the images and
+their labels; data.val_fraction of them validates. Class ids follow the sorted folder names
+of the training part; val/ may lack a class but not add one. Files ending in .png, .jpg, .jpeg, .bmp or .webp count (any case, in
 sub-folders too); other files are ignored. Every image becomes RGB, image_size x image_size,
 scaled to [0, 1] and normalised with mean and std; these and the class names travel in every
 checkpoint (`meta`), so evaluation and prediction read new images the same way.
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError, first_line
+from .label_sets import image_labels
 
 EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
 LAYOUT = "root/<class>/*.png, or root/train/<class>/ and root/val/<class>/"
@@ -53,6 +56,9 @@ class Options:
     # Held-out test images in class folders, never trained on nor used to choose best.pt;
     # "" = root/test when it exists (so no class may be named "test")
     test_root: str = ""
+    # Multi-label: a CSV of file,labels rows (labels joined by label_sep); "" = class folders
+    labels: str = ""
+    label_sep: str = "|"
 
     def checks(self):
         mean, std = _per_channel(self.mean), _per_channel(self.std)
@@ -70,18 +76,26 @@ class ImageFolder(Dataset):
     @staticmethod
     def has_val_split(opts: Options) -> bool:
         root = Path(opts.root)
-        return (root / "train").is_dir() and (root / "val").is_dir()
+        return not opts.labels and (root / "train").is_dir() and (root / "val").is_dir()
 
     test_option = "test_root"  # the option evaluate.py --data sets (data.build_test_set)
 
     @staticmethod
     def has_test_split(opts: Options) -> bool:
-        return bool(opts.test_root) or (Path(opts.root) / "test").is_dir()
+        return not opts.labels and (bool(opts.test_root) or (Path(opts.root) / "test").is_dir())
 
     def __init__(self, opts: Options, split: str):
         pillow()  # missing: one line now, not an error in every loader worker later
         self.opts = opts
         root = Path(opts.root)
+        self.classes = self.num_classes = self.num_labels = self.label_names = None
+        if opts.labels:  # multi-label: the files and labels its CSV names
+            self.files, self.y, self.label_names = image_labels(
+                root, Path(opts.labels), opts.label_sep
+            )
+            self.num_labels, self.path = len(self.label_names), root
+            self._finish(opts, split)
+            return
         halves = [name for name in ("train", "val") if (root / name).is_dir()]
         if len(halves) == 1:  # a split folder without its other half: not a class folder
             other = "val" if halves == ["train"] else "train"
@@ -99,6 +113,9 @@ class ImageFolder(Dataset):
         self.files, labels = find_images(folder, self.classes, not held_out, skip)
         self.y = torch.tensor(labels, dtype=torch.int64)  # stratifies the held-out split
         self.num_classes = len(self.classes)
+        self._finish(opts, split)
+
+    def _finish(self, opts: Options, split: str) -> None:
         # Which samples are augmented: the training rows, which prepare() is told.
         self.augmented = torch.full((len(self.files),), opts.augment and split == "train")
         self.size = opts.image_size
@@ -109,6 +126,7 @@ class ImageFolder(Dataset):
     def _meta(self) -> dict:
         return {
             "classes": self.classes,
+            **({"labels": self.label_names} if self.label_names is not None else {}),
             "image_size": self.size,
             "mean": self.mean.flatten().tolist(),
             "std": self.std.flatten().tolist(),
@@ -122,7 +140,7 @@ class ImageFolder(Dataset):
         if indices is not None and self.opts.augment:
             self.augmented[torch.as_tensor(list(indices), dtype=torch.int64)] = True
         if meta is not None:
-            if meta.get("classes") != self.classes:
+            if (meta.get("classes"), meta.get("labels")) != (self.classes, self.label_names):
                 raise ConfigError(
                     f"image folder {self.opts.root!r} has the classes {self.classes}, the "
                     f"training run had {meta.get('classes')}; evaluate on the same classes"

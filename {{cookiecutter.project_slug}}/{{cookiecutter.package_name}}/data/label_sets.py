@@ -1,8 +1,10 @@
-"""Multi-label targets of a table: several 0/1 columns, or one column of label names joined
-by a separator, as a float 0/1 matrix (N, L) (data/csv_table.py reads the table)."""
+"""Multi-label targets as a float 0/1 matrix (N, L): a table's several 0/1 columns or one
+column of label names joined by a separator (data/csv_table.py reads the table), and an image
+folder's labels file, a CSV of `file,labels` rows (data/image_folder.py)."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -88,3 +90,24 @@ def table_labels(header: list[str], rows: list[list[str]], meta: dict, path: Pat
     texts = [t[0] for t in texts] if isinstance(label, str) else texts
     opts = SimpleNamespace(label=label, label_sep=meta.get("label_sep", "|"))
     return [joined(names, row) for row in label_matrix(texts, names, path, opts).tolist()]
+
+
+def image_labels(root: Path, table: Path, sep: str) -> tuple[list[Path], torch.Tensor, list]:
+    """(image files, targets (N, L), label names) of an image folder's labels file: a CSV
+    with the columns `file` (relative to `root`) and `labels` (names joined by `sep`)."""
+    name = f"labels file {str(table)!r} (data.labels)"
+    try:
+        with table.open(newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{name} cannot be read ({str(exc)[:80]}); give a UTF-8 CSV") from None
+    if not rows or not {"file", "labels"} <= set(rows[0]):
+        raise ConfigError(f"{name} needs a header 'file,labels' and one row per image")
+    files = [root / row["file"].strip() for row in rows]
+    missing = next((path for path in files if not path.is_file()), None)
+    if missing is not None:
+        raise ConfigError(f"{name} names {str(missing)!r}, which does not exist; fix the row")
+    texts = [row["labels"] or "" for row in rows]
+    opts = SimpleNamespace(label="labels", label_sep=sep)
+    names = label_names(texts, opts)
+    return files, label_matrix(texts, names, table, opts), names

@@ -88,7 +88,7 @@ class MultiLabel:
             raise ConfigError(
                 "task.name=multilabel needs a 0/1 vector of labels per sample, which this "
                 "dataset does not give; for a CSV set data.label to the label columns (a list) "
-                "or to one column of labels joined by data.label_sep"
+                "or to one column of labels joined by data.label_sep; for images data.labels"
             )
         self.meta = meta if meta is not None else {}
         names = self.meta.get("labels") or getattr(data, "label_names", None)

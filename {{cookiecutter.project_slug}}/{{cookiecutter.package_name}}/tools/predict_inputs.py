@@ -214,7 +214,7 @@ def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.T
     images = [(decode(path, size) - mean) / std for path in paths]  # (3, S, S) each
     classes = set(trained.classes or ())
     labels = [p.parent.name if p.parent.name in classes else "" for p in paths]
-    return [str(p) for p in paths], torch.stack(images), labels
+    return [str(p) for p in paths], torch.stack(images), labels if classes else None
 
 
 def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:

@@ -10,13 +10,15 @@
       num_workers: 2          # files are decoded per sample: worker processes pay off here
 
 Without train/ and val/ sub-folders, data.val_fraction of the images (of each class)
-validates. Multi-label (task.name=multilabel): `labels: data/pets/labels.csv`, a CSV of
-`file,labels` rows (file relative to root, labels joined by label_sep) names the images and
-their labels; data.val_fraction of them validates. Class ids follow the sorted folder names
-of the training part; val/ may lack a class but not add one. Files ending in .png, .jpg, .jpeg, .bmp or .webp count (any case, in
+validates. Class ids follow the sorted folder names of the training part; val/ may lack a
+class but not add one. Files ending in .png, .jpg, .jpeg, .bmp or .webp count (any case, in
 sub-folders too); other files are ignored. Every image becomes RGB, image_size x image_size,
 scaled to [0, 1] and normalised with mean and std; these and the class names travel in every
 checkpoint (`meta`), so evaluation and prediction read new images the same way.
+
+Multi-label (task.name=multilabel): `labels: data/photos/labels.csv`, a CSV of `file,labels`
+rows (the file relative to root, its labels joined by label_sep), names the images and their
+labels; data.val_fraction of them validates.
 
 Training samples are augmented (augment: true), the held-out part of a pool is not: a random
 shift (reflect-pad, then crop back) and, with hflip, a random mirror image, drawn from a seed

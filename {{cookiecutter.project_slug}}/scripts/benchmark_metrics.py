@@ -1,17 +1,19 @@
 """Measure what classification's validation metrics cost against an epoch of training: the
 confusion matrix, the per-class metrics and, for two classes, the score histogram of AUROC,
-average precision and the tuned threshold.
+average precision and the tuned threshold; and the multi-label task's (a histogram per label,
+the decisions' counts, exact match).
 
     python scripts/benchmark_metrics.py                   # default CNN + a 10^5-row table
     python scripts/benchmark_metrics.py --rows 20000 --steps 10 --json
 
-Two cases: the default config (the CNN on synthetic images, 10 classes) and an MLP on a
-table of --rows rows, 10 % positives (two classes: the histogram too), both as training
-builds them (trainer.build_loaders). The epoch's time is --steps timed optimizer steps
+Three cases: the default config (the CNN on synthetic images, 10 classes), an MLP on a
+table of --rows rows, 10 % positives (two classes: the histogram too), and an MLP on a table
+of --rows rows with 8 tags (multi-label, thresholds tuned), as training builds them
+(trainer.build_loaders). The epoch's time is --steps timed optimizer steps
 (after two warm-up steps) times the steps of an epoch. The metrics' cost is the time of the
 task's sums over the whole validation split plus its summarise, on model outputs computed
 beforehand (the forward pass is there with or without the metrics), less the same for the
-sums the task had before (loss, correct, count): the `extra` share is what the new metrics
+sums the task had before (loss, correct, count; multi-label: loss and count): the `extra` share is what the new metrics
 add, `all` what every validation metric costs. Timings are medians of --repeats.
 """
 
@@ -52,6 +54,23 @@ def write_table(path: Path, rows: int) -> Path:
     return path
 
 
+def write_tags(path: Path, rows: int) -> Path:
+    """A multi-label table: 8 tags, each present at its own rate (5 % to 40 %)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, 20, generator=g)
+    rates = torch.linspace(0.05, 0.4, 8)
+    tags = (x[:, :8] + torch.randn(rows, 8, generator=g)) > torch.distributions.Normal(
+        0, 2**0.5
+    ).icdf(1 - rates)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*(f"x{i}" for i in range(20)), "tags"])
+        for row, on in zip(x.tolist(), tags.tolist(), strict=True):
+            joined = "|".join(f"t{i}" for i, t in enumerate(on) if t)
+            writer.writerow([f"{v:.4f}" for v in row] + [joined])
+    return path
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -65,6 +84,13 @@ def old_sums(output: torch.Tensor, y: torch.Tensor) -> dict:
         "correct": (output.argmax(1) == y).sum().to(wide),
         "count": torch.full((), len(y), dtype=wide, device=y.device),
     }
+
+
+def bce_sums(output: torch.Tensor, y: torch.Tensor) -> dict:
+    """A multi-label task's loss and count alone: the baseline of its metrics."""
+    wide = sums_dtype(y.device)
+    loss = F.binary_cross_entropy_with_logits(output.float(), y.float(), reduction="sum")
+    return {"loss": loss.to(wide), "count": torch.full((), len(y), dtype=wide, device=y.device)}
 
 
 def validation_time(sums, summarise, batches, device) -> float:
@@ -105,8 +131,9 @@ def measure(name: str, cfg, steps: int, repeats: int) -> dict:
     new = statistics.median(
         validation_time(task.sums, task.summarise, outputs, device) for _ in range(repeats)
     )
+    baseline = bce_sums if task.targets == "labels" else old_sums
     old = statistics.median(
-        validation_time(old_sums, lambda s: s, outputs, device) for _ in range(repeats)
+        validation_time(baseline, lambda s: s, outputs, device) for _ in range(repeats)
     )
     return {
         "case": name,
@@ -131,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         table = write_table(Path(folder) / "table.csv", args.rows)
+        tags = write_tags(Path(folder) / "tags.csv", args.rows)
         cases = {
             "default CNN": config.load_config(None, args.overrides),
             f"{args.rows}-row table, MLP": config.load_config(
@@ -139,6 +167,18 @@ def main(argv: list[str] | None = None) -> int:
                     "data.name=csv",
                     f"data.path={table}",
                     "data.label=label",
+                    "model.name=mlp",
+                    *args.overrides,
+                ],
+            ),
+            f"{args.rows}-row multi-label table (8 labels), MLP": config.load_config(
+                None,
+                [
+                    "data.name=csv",
+                    f"data.path={tags}",
+                    "data.label=tags",
+                    "task.name=multilabel",
+                    "task.threshold=auto",
                     "model.name=mlp",
                     *args.overrides,
                 ],

@@ -298,6 +298,30 @@ def test_budget_leaves_out_the_checks_it_has_no_time_for(monkeypatch, capsys):
     assert rows["passes"] == ("not-run", "--budget spent") == rows["skips"]
 
 
+def sleeps(c):
+    """Sleeps well inside its own limit (30 s, x5 on the CPU)."""
+    c.python("-c", "import time; time.sleep(60)")
+
+
+def test_a_check_the_budget_ends_is_not_run_and_one_its_own_limit_ends_fails(
+    monkeypatch, capsys, tmp_path
+):
+    """A check that starts with the budget nearly spent is stopped at the budget's end: not
+    run (exit 3, rerun with --resume), not a failure; --timeout's stop is still one."""
+    fake_checks(monkeypatch, sleeps=sleeps, passes=passes)
+    path = tmp_path / "report.json"
+    assert gpu_check.main(["--allow-cpu", "--budget", "6", "--json", str(path)]) == 3
+    rows = table(capsys.readouterr().out)
+    assert rows["sleeps"][0] == "not-run" and rows["sleeps"][1].startswith("--budget spent")
+    assert rows["passes"] == ("not-run", "--budget spent")
+    report = json.loads(path.read_text())
+    assert report["summary"]["FAIL"] == 0 and not report["failed"] and not report["complete"]
+    fake_checks(monkeypatch, hangs=hangs)
+    assert gpu_check.main(["--allow-cpu", "--budget", "60"]) == 1
+    status, detail = table(capsys.readouterr().out)["hangs"]
+    assert status == "FAIL" and detail.startswith("timed out (see --timeout)")
+
+
 def test_sigterm_stops_the_check_and_its_processes_and_writes_the_report(
     monkeypatch, capsys, tmp_path
 ):

@@ -5,13 +5,17 @@ for real with --allow-cpu. On a CUDA machine the script itself is the test: make
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import importlib.util
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -71,6 +75,28 @@ def test_unknown_check_and_resume_without_a_report_are_refused(capsys, tmp_path)
         assert exit.value.code == 2
     err = capsys.readouterr().err
     assert "unknown check 'nope'" in err and err.count("--resume needs --json FILE") == 2
+
+
+def make_gpu_check(*variables: str) -> argparse.Namespace:
+    """The options `make gpu-check` (with these variables) gives the script, as it parses them."""
+    line = subprocess.run(
+        ["make", "-s", "-n", "gpu-check", "PYTHON=python", *variables],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    args = shlex.split(line)
+    return gpu_check.parse(args[args.index(SCRIPT) + 1 :])
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_gpu_check_writes_the_json_report_unless_args_names_another():
+    assert make_gpu_check().json == "gpu-check.json"  # in the project root
+    chosen = make_gpu_check("ARGS=--json other.json --only ddp")
+    assert (chosen.json, chosen.names) == ("other.json", ["ddp"])
+    readme = (ROOT / "README.md").read_text()
+    assert "`make gpu-check` writes the report to `gpu-check.json`" in " ".join(readme.split())
 
 
 def test_bf16_counts_as_native_from_compute_capability_8_and_on_the_cpu():

@@ -99,6 +99,17 @@ def test_make_gpu_check_writes_the_json_report_unless_args_names_another():
     assert "`make gpu-check` writes the report to `gpu-check.json`" in " ".join(readme.split())
 
 
+def test_the_readme_estimates_the_run_time_the_checks_limits_imply():
+    """Each limit is 3-4 times its check's expected seconds on one H200: the README's estimate
+    of a whole run is the sum of those, not a figure of its own."""
+    low, high = registry.expected_seconds()
+    assert 0 < low < high
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    found = re.search(r"A run takes about (\d+) to (\d+) minutes on one H200", readme)
+    assert found, "the README's GPU check section says how long a run takes"
+    assert tuple(map(int, found.groups())) == (round(low / 60), round(high / 60))
+
+
 def test_bf16_counts_as_native_from_compute_capability_8_and_on_the_cpu():
     assert common.Machine("cuda", 1, (8, 0)).native_bf16
     assert common.Machine("cuda", 1, (9, 0)).native_bf16

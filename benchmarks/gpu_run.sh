@@ -11,10 +11,12 @@
 #    in the baked project (the machine's own image: torch 2.11, no install, no network), keeps
 #    the whole log in $OUT/gpu-check.log and nvidia-smi's in $OUT/nvidia-smi.txt, and prints
 #    the result table. Exit code: gpu_check's (0 pass, 1 a check failed, 3 --budget left
-#    checks out, 75 stopped by the time limit).
+#    checks out, 75 stopped by the time limit: GPU_CHECK_TIMEOUT sends SIGTERM and timeout
+#    passes the script's own code on; 137 if it had not stopped 20 s later and was killed).
 # 3. To continue a run that was cut short: copy its gpu-check.json (from the run's files) to
 #    REPO_DIR/gpu-bake/previous.json and make the same run call: it reruns only the checks that
-#    did not pass (--resume), the others kept as they were.
+#    did not pass (--resume), the others kept as they were. A whole run is estimated at 9 to 12
+#    minutes on one H200 (the baked README), more than one call's budget: expect exit 3 first.
 # Environment on the device: GPU_CHECK_BUDGET (s, default 450), GPU_CHECK_TIMEOUT (s, 510),
 # GPU_CHECK_ARGS (more options, e.g. "--only ddp,fsdp").
 set -uo pipefail
@@ -57,7 +59,8 @@ device() {
     cd "$(dirname "$script")/.." || return 2
     echo "$(pwd): $("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.device_count(), "GPU(s)")' 2>&1)"
     # shellcheck disable=SC2086  # GPU_CHECK_ARGS holds several options
-    PYTHONPATH=. PYTHONUNBUFFERED=1 timeout --signal=TERM --kill-after=20 "${GPU_CHECK_TIMEOUT:-510}" \
+    PYTHONPATH=. PYTHONUNBUFFERED=1 timeout --preserve-status --signal=TERM \
+        --kill-after=20 "${GPU_CHECK_TIMEOUT:-510}" \
         "$python" scripts/gpu_check.py --json "$out/gpu-check.json" \
         --budget "${GPU_CHECK_BUDGET:-450}" $resume ${GPU_CHECK_ARGS:-} >"$log" 2>&1
     local code=$?

@@ -3,6 +3,7 @@ same lint as a bake."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -46,3 +47,31 @@ def test_gpu_run_script_is_shellcheck_clean_and_prepares_a_carried_bake(tmp_path
     assert list((repo / "gpu-bake").glob("*/scripts/gpu_check.py"))
     ignored = subprocess.run(["git", "-C", str(repo), "check-ignore", "-q", "gpu-bake"])
     assert ignored.returncode == 0, "gpu-bake/ must be ignored so that the run tool carries it"
+
+
+# Stands in for the baked scripts/gpu_check.py: on SIGTERM it writes its report and exits 75,
+# as the real one does.
+STOPPED_BY_SIGTERM = """import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
+print("check  result   time  detail", flush=True)
+time.sleep(60)
+"""
+
+
+def test_gpu_run_device_step_exits_75_when_stopped_by_its_time_limit(tmp_path):
+    # The script promises gpu_check's own exit code when GPU_CHECK_TIMEOUT stops it (75,
+    # rerun with --resume), not timeout's 124.
+    bake = tmp_path / "gpu-bake"
+    (bake / "project" / "scripts").mkdir(parents=True)
+    (bake / "project" / "scripts" / "gpu_check.py").write_text(STOPPED_BY_SIGTERM)
+    shutil.copy(TEMPLATE / "benchmarks" / "gpu_run.sh", bake / "gpu_run.sh")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_TIMEOUT": "3"}
+    proc = subprocess.run(
+        ["bash", str(bake / "gpu_run.sh"), "device"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("exit 75; report ")

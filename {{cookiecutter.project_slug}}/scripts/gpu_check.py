@@ -14,7 +14,7 @@ output, the command that reproduces it) or skips; a speed or a numeric tolerance
 its check. A last row fails if any run printed a warning. SIGTERM or Ctrl-C stops the check
 and its processes, writes the report so far and exits 75 (rerun with --resume). Exit codes:
 0 no check failed, 1 a check failed, 2 no CUDA GPU (without --allow-cpu) or bad arguments,
-3 checks left out by --budget, 75 stopped.
+3 checks left out by --budget (or stopped by its end), 75 stopped.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import torch  # noqa: E402
 from gpu_checks import report  # noqa: E402
-from gpu_checks.common import Check, Failed, Machine, Skipped  # noqa: E402
+from gpu_checks.common import Check, Failed, Machine, OutOfBudget, Skipped  # noqa: E402
 from gpu_checks.registry import CHECKS  # noqa: E402
 
 from {{ cookiecutter.package_name }}.tools.cli import Parser  # noqa: E402
@@ -61,12 +61,15 @@ def find_machine() -> Machine | str:
     return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU"
 
 
-def run_check(name: str, machine: Machine, workdir: Path, deadline: float) -> dict:
-    """Run check `name` (in a worker process if its spec says so); its result."""
+def run_check(
+    name: str, machine: Machine, workdir: Path, deadline: float, budget_end: bool = False
+) -> dict:
+    """Run check `name` (in a worker process if its spec says so); its result. `budget_end`:
+    the deadline is --budget's end, so that a check stopped there is not run, not failed."""
     spec = SPECS[name]
     workdir.mkdir(parents=True)
     start = time.monotonic()
-    check = Check(machine, workdir, deadline)
+    check = Check(machine, workdir, deadline, budget_end)
     output = command = ""
     stopped = None
     try:
@@ -74,6 +77,8 @@ def run_check(name: str, machine: Machine, workdir: Path, deadline: float) -> di
         detail = check.in_worker(name) if spec.worker else spec.run(check)
     except Skipped as exc:
         status, detail = "skip", str(exc)
+    except OutOfBudget as exc:  # rerun with --resume, as the checks left out by --budget
+        status, detail = "not run", str(exc)
     except Failed as exc:
         status, detail, output, command = "FAIL", str(exc), exc.output, exc.command
     except Exception as exc:  # a bug or a surprise in the check itself is a failure too
@@ -118,7 +123,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget",
         type=float,
-        help="seconds for the whole run: checks that would start later are left out",
+        help="seconds for the whole run: checks that would start later are left out, one "
+        "still running at its end is stopped; both not run (exit 3, rerun with --resume)",
     )
     parser.add_argument("--allow-cpu", action="store_true", help="without a GPU, run on CPU")
     parser.add_argument("--json", metavar="FILE", help="write the report here (after each check)")
@@ -216,7 +222,8 @@ def run_next(args, machine, workdir: Path, at: tuple, end: float, results: list,
         return stopped
     limit = args.timeout or SPECS[name].limit * (CPU_SLOWER if machine.device == "cpu" else 1)
     print(f"[{i}/{len(args.names)}] {name} ... ", end="", flush=True)
-    result = run_check(name, machine, workdir / name, min(time.monotonic() + limit, end))
+    own = time.monotonic() + limit
+    result = run_check(name, machine, workdir / name, min(own, end), budget_end=end < own)
     results.append(result)
     print(f"{result['status']} ({result['seconds']:.1f}s)", flush=True)
     if result["status"] == "FAIL" and result["output"]:

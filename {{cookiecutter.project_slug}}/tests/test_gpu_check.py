@@ -5,13 +5,17 @@ for real with --allow-cpu. On a CUDA machine the script itself is the test: make
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import importlib.util
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -71,6 +75,39 @@ def test_unknown_check_and_resume_without_a_report_are_refused(capsys, tmp_path)
         assert exit.value.code == 2
     err = capsys.readouterr().err
     assert "unknown check 'nope'" in err and err.count("--resume needs --json FILE") == 2
+
+
+def make_gpu_check(*variables: str) -> argparse.Namespace:
+    """The options `make gpu-check` (with these variables) gives the script, as it parses them."""
+    line = subprocess.run(
+        ["make", "-s", "-n", "gpu-check", "PYTHON=python", *variables],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    args = shlex.split(line)
+    return gpu_check.parse(args[args.index(SCRIPT) + 1 :])
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_gpu_check_writes_the_json_report_unless_args_names_another():
+    assert make_gpu_check().json == "gpu-check.json"  # in the project root
+    chosen = make_gpu_check("ARGS=--json other.json --only ddp")
+    assert (chosen.json, chosen.names) == ("other.json", ["ddp"])
+    readme = (ROOT / "README.md").read_text()
+    assert "`make gpu-check` writes the report to `gpu-check.json`" in " ".join(readme.split())
+
+
+def test_the_readme_estimates_the_run_time_the_checks_limits_imply():
+    """Each limit is 3-4 times its check's expected seconds on one H200: the README's estimate
+    of a whole run is the sum of those, not a figure of its own."""
+    low, high = registry.expected_seconds()
+    assert 0 < low < high
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    found = re.search(r"A run takes about (\d+) to (\d+) minutes on one H200", readme)
+    assert found, "the README's GPU check section says how long a run takes"
+    assert tuple(map(int, found.groups())) == (round(low / 60), round(high / 60))
 
 
 def test_bf16_counts_as_native_from_compute_capability_8_and_on_the_cpu():
@@ -296,6 +333,30 @@ def test_budget_leaves_out_the_checks_it_has_no_time_for(monkeypatch, capsys):
     assert gpu_check.main(["--allow-cpu", "--budget", "1"]) == 3
     rows = table(capsys.readouterr().out)
     assert rows["passes"] == ("not-run", "--budget spent") == rows["skips"]
+
+
+def sleeps(c):
+    """Sleeps well inside its own limit (30 s, x5 on the CPU)."""
+    c.python("-c", "import time; time.sleep(60)")
+
+
+def test_a_check_the_budget_ends_is_not_run_and_one_its_own_limit_ends_fails(
+    monkeypatch, capsys, tmp_path
+):
+    """A check that starts with the budget nearly spent is stopped at the budget's end: not
+    run (exit 3, rerun with --resume), not a failure; --timeout's stop is still one."""
+    fake_checks(monkeypatch, sleeps=sleeps, passes=passes)
+    path = tmp_path / "report.json"
+    assert gpu_check.main(["--allow-cpu", "--budget", "6", "--json", str(path)]) == 3
+    rows = table(capsys.readouterr().out)
+    assert rows["sleeps"][0] == "not-run" and rows["sleeps"][1].startswith("--budget spent")
+    assert rows["passes"] == ("not-run", "--budget spent")
+    report = json.loads(path.read_text())
+    assert report["summary"]["FAIL"] == 0 and not report["failed"] and not report["complete"]
+    fake_checks(monkeypatch, hangs=hangs)
+    assert gpu_check.main(["--allow-cpu", "--budget", "60"]) == 1
+    status, detail = table(capsys.readouterr().out)["hangs"]
+    assert status == "FAIL" and detail.startswith("timed out (see --timeout)")
 
 
 def test_sigterm_stops_the_check_and_its_processes_and_writes_the_report(

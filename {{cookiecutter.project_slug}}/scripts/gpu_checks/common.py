@@ -37,7 +37,7 @@ TINY = [
 ]
 STEPS_PER_EPOCH = 512 // 32
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-__all__ = ["EXIT_STOPPED", "ROOT", "TINY", "Check", "Failed", "Machine", "Skipped"]
+__all__ = ["EXIT_STOPPED", "ROOT", "TINY", "Check", "Failed", "Machine", "OutOfBudget", "Skipped"]
 
 # A warning in a run's output: Python's ("...: UserWarning: ..."), torch's C++ and logging
 # lines ("[W1203 12:00:00.000 ...]", "W1203 12:00:00.000000 ...", with "[rank0]:"), and the
@@ -62,6 +62,11 @@ class Failed(Exception):
 
 class Skipped(Exception):
     pass
+
+
+class OutOfBudget(Exception):
+    """--budget ended while the check ran (its deadline was the budget's end, not its own
+    limit): the check is not run, not failed."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class Check:
     machine: Machine
     workdir: Path
     deadline: float  # time.monotonic() by which the whole check must be done
+    budget_end: bool = False  # the deadline is --budget's end, before the check's own limit
     started: list[subprocess.Popen] = field(default_factory=list)
     figures: dict = field(default_factory=dict)
     targets: list[dict] = field(default_factory=list)
@@ -147,6 +153,8 @@ class Check:
             code = proc.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             self.kill_all()
+            if self.budget_end:
+                raise OutOfBudget(f"--budget spent while it ran: {proc.command}") from None
             what = f"timed out (see --timeout): {proc.command}"
             raise Failed(what, tail(proc.log), proc.command) from None
         output = proc.log.read_text(errors="replace")

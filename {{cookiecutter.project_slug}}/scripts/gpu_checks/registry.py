@@ -91,7 +91,9 @@ SEVERAL_GPUS = [
 ]
 
 # The order they run in: what proves most first, so that a run cut short by --budget has it.
-# Limits are 3-4 times the seconds each is expected to take on one H200 (a cold start).
+# Limits are 3-4 times (LIMIT_OVER_EXPECTED) the seconds each is expected to take on one H200
+# (a cold start): expected_seconds() sums those for the README's estimate of a whole run.
+LIMIT_OVER_EXPECTED = (3, 4)
 CHECKS = (
     Spec("default_run", paths.check_default_run, ("device", "tf32", "pinned", "memory"), 60),
     Spec("numerics", numerics.check_numerics, ("tf32", "bf16", "fp16", "deterministic"), 90, True),
@@ -115,3 +117,11 @@ CHECKS = (
     Spec("smoke", paths.check_smoke, ("bf16",), 60),
     Spec("combinations", paths.check_combinations, ("fp16",), 3600, default=False),
 )
+
+
+def expected_seconds(checks=CHECKS) -> tuple[float, float]:
+    """The default run's expected seconds on one H200, (least, most): each check's limit over
+    LIMIT_OVER_EXPECTED, summed. An estimate until measured on a GPU (the report's seconds)."""
+    total = sum(spec.limit for spec in checks if spec.default)
+    fewest, most = LIMIT_OVER_EXPECTED
+    return total / most, total / fewest

@@ -14,7 +14,8 @@ of --rows rows with 8 tags (multi-label, thresholds tuned), as training builds t
 task's sums over the whole validation split plus its summarise, on model outputs computed
 beforehand (the forward pass is there with or without the metrics), less the same for the
 sums the task had before (loss, correct, count; multi-label: loss and count): the `extra`
-share is what the new metrics add, `all` what every validation metric costs. Timings are medians of --repeats.
+share is what the new metrics add, `all` what every validation metric costs. Timings are
+medians of --repeats.
 """
 
 from __future__ import annotations

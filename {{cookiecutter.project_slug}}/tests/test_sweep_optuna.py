@@ -26,6 +26,7 @@ from test_sweep import (
 )
 
 from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli, sweep_manifest, sweep_optuna
 
 INSTALL = "pip install -e '.[sweep]'"
@@ -378,3 +379,22 @@ def test_pruning_compares_trials_at_the_same_share_of_an_epoch_whatever_their_ba
     study.tell(first, 0.9)
     (tmp_path / "b.csv").write_text("epoch,step,val/acc\n1,8,0.2\n")  # batch 32: 8 steps
     assert sweep_optuna._report(study.ask(), tmp_path / "b.csv", "acc", {})  # worse: pruned
+
+
+@pytest.mark.parametrize(
+    "error, fix",
+    [
+        ("disk I/O error", "no room to write it"),  # sqlite's word for ENOSPC and EFBIG
+        ("database or disk is full", "no room to write it"),
+        ("database is locked", "another process holds it"),
+        ("file is not a database", "remove it"),
+    ],
+)
+def test_a_study_error_names_the_fix_that_matches_its_cause(error, fix):
+    """A file-size limit hit while study.db is written is sqlite's 'disk I/O error': its line
+    says to free space, not to remove the study (which would lose the trials it holds)."""
+    from {{ cookiecutter.package_name }}.tools.sweep_study import study_errors
+
+    path = Path("sweeps/s/study.db")
+    with pytest.raises(ConfigError, match=fix), study_errors(path):
+        raise RuntimeError("sqlalchemy") from sqlite3.OperationalError(error)

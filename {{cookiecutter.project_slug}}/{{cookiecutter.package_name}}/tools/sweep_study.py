@@ -72,8 +72,11 @@ def _study_line(path: Path, exc: sqlite3.Error) -> str:
             "another process holds it (a second sweep, optuna-dashboard or sqlite3 writing to "
             "it): wait for that process to finish, or stop it, then run the same command again"
         )
-    elif "full" in text:
-        fix = "free space on that disk, then run the same command again"
+    elif "full" in text or "disk I/O" in text:  # ENOSPC, EFBIG (ulimit -f): a write failed
+        fix = (
+            "no room to write it (a full disk or a file-size limit): free space or raise the "
+            "limit, then run the same command again (the study is kept)"
+        )
     elif "readonly" in text or "unable to open" in text:
         fix = "make it and its folder writable, or remove it (a new study)"
     else:  # "file is not a database", "database disk image is malformed"

@@ -4,6 +4,8 @@ before anything is written, with one line naming the method and what it returned
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_with
@@ -14,6 +16,7 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks import TASKS, check_task
 from {{ cookiecutter.package_name }}.tasks.classification import Classification
+from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.trainer import build_data, fit
 
 
@@ -94,4 +97,9 @@ def test_the_readme_s_new_task_keeps_the_protocol_and_trains(tmp_path, tiny, mon
     test_every_registered_task_keeps_the_protocol_on_a_real_batch("l1", tmp_path, tiny)
     result = fit(load_config(None, args))
     assert result["metrics"]["mae"] == result["metrics"]["loss"] > 0
-    assert (tmp_path / "runs" / "default" / "best.pt").is_file()
+    best = tmp_path / "runs" / "default" / "best.pt"
+    # Without head() and describe(), the artifact applies the task's decode and says so.
+    assert export_main(["--checkpoint", str(best), "--format", "torchscript"]) == 0
+    exported = json.loads(best.with_name("best.torchscript.pt.json").read_text())
+    assert exported["output"]["units"].startswith("task.name=l1's outputs as its decode()")
+    assert exported["parity"]["passed"]

@@ -93,6 +93,41 @@ def lm_overrides(tmp_path: Path, path: Path) -> list[str]:
     ]
 
 
+# What a test session may leave in the project: caches and environments. data/ and
+# checkpoints/ are compared by their entries only (a user's datasets can be large).
+CACHES = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".venv", ".conda-env"}
+
+
+def project_files(root: Path = ROOT) -> set[str]:
+    """The project's files (data/ and checkpoints/: their entries), as paths from `root`."""
+    found = set()
+    for folder, dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root)
+        dirs[:] = [d for d in dirs if d not in CACHES and not d.endswith(".egg-info")]
+        if len(rel.parts) >= 2 and rel.parts[0] in ("data", "checkpoints"):
+            found.add(str(Path(*rel.parts[:2])))  # an entry of data/ or checkpoints/
+            dirs[:] = []  # not walked
+            continue
+        found |= {str(rel / name) for name in files}
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leaves_the_project_as_found():
+    """`make test` is the owner's inner loop: it must leave the work tree as it found it (a
+    test once wrote t.yaml into the project root, and `git add .` would have committed it).
+    Files a session adds are an error at its end, named."""
+    before = project_files()
+    yield
+    added = sorted(project_files() - before)
+    if added:
+        pytest.fail(
+            f"the tests left {len(added)} new file(s) in the project: {', '.join(added[:5])}; "
+            "write under tmp_path instead",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 def tiny(tmp_path) -> list[str]:
     """Overrides for a tiny CPU run writing under tmp_path."""

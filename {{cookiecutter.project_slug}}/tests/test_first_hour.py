@@ -282,3 +282,22 @@ def test_each_script_before_pip_install_says_the_command_to_run(script):
         2,
         [f"error: the package is not installed: run pip install -e . (from {ROOT})"],
     )
+
+
+def test_the_suite_notices_a_file_a_test_leaves_in_the_project(tmp_path):
+    """conftest's session check: what `make test` adds to the project is named at its end
+    (caches aside; data/ and checkpoints/ by their entries, however many files they hold)."""
+    from conftest import project_files
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("")
+    (tmp_path / "data" / "big").mkdir(parents=True)
+    (tmp_path / "data" / "big" / "0001.png").write_text("")
+    (tmp_path / ".ruff_cache").mkdir()
+    before = project_files(tmp_path)
+    assert before == {"pkg/a.py", "data/big"}
+    (tmp_path / "t.yaml").write_text("train: {}\n")  # what a test once left in the root
+    (tmp_path / "data" / "big" / "0002.png").write_text("")  # inside a dataset: not walked
+    (tmp_path / "checkpoints" / "default").mkdir(parents=True)
+    (tmp_path / ".ruff_cache" / "x").write_text("")
+    assert project_files(tmp_path) - before == {"t.yaml", "checkpoints/default"}

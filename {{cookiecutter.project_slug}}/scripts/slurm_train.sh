@@ -11,6 +11,13 @@
 # continues its own checkpoint.
 # Activate the project's environment before sbatch; the job inherits it.
 #
+#   bash scripts/slurm_train.sh --help                          # this text
+#   SLURM_JOB_NODELIST=gpu-[3-4] SLURM_NNODES=2 SLURM_GPUS_ON_NODE=8 \
+#       bash scripts/slurm_train.sh --dry-run run.name=big      # the command, nothing run
+#
+# --dry-run prints the srun + torchrun command the job would run, from the SLURM_* variables
+# set (defaults: 1 node, 1 process, this host) and without SLURM installed; nothing runs.
+#
 # Time limit: SLURM sends USR1 to this script 120 s before the limit (--signal=B:USR1@120). The
 # trap sends SIGTERM to every process of the job step (torchrun forwards TERM, not USR1, to its
 # workers; loader workers ignore it); the ranks agree to stop within ~2 s, save last.pt and exit
@@ -31,6 +38,23 @@
 
 set -euo pipefail
 
+dry_run=0
+case "${1:-}" in
+-h | --help)
+    sed -n '2,/^#SBATCH/{/^#SBATCH/d;s/^# \{0,1\}//;p;}' "$0"
+    exit 0
+    ;;
+--dry-run)
+    dry_run=1
+    shift
+    ;;
+esac
+if [[ -z ${SLURM_JOB_ID:-} ]] && ((!dry_run)); then
+    echo "slurm_train.sh: not inside a SLURM job (SLURM_JOB_ID is unset): submit it with" \
+        "sbatch, or see the command it would run with --dry-run (--help: how)" >&2
+    exit 2
+fi
+
 cd "${SLURM_SUBMIT_DIR:-.}"
 if [[ ! -f scripts/train.py ]]; then
     echo "slurm_train.sh: submit from the project root (scripts/train.py not found)" >&2
@@ -38,8 +62,15 @@ if [[ ! -f scripts/train.py ]]; then
 fi
 
 gpus_per_node=${SLURM_GPUS_ON_NODE:-1}
-# sed, not head: head would exit early and fail the pipe (SIGPIPE, pipefail) on long lists.
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
+nodes=${SLURM_NNODES:-1}
+job_id=${SLURM_JOB_ID:-dry-run}
+node_list=${SLURM_JOB_NODELIST:-${HOSTNAME:-localhost}}
+if command -v scontrol >/dev/null; then
+    # sed, not head: head would exit early and fail the pipe (SIGPIPE, pipefail) on long lists.
+    head_node=$(scontrol show hostnames "$node_list" | sed -n 1p)
+else # a dry run away from SLURM: the first name of a plain list (gpu-[3-4] stays as it is)
+    head_node=${node_list%%,*}
+fi
 rdzv_port=${RDZV_PORT:-29500} # set RDZV_PORT if 29500 is taken on the head node
 # Seconds torchrun waits for its workers to save after SIGTERM before it kills them (30 s by
 # default; older torch versions ignore the variable and keep 30 s).
@@ -56,17 +87,26 @@ stop_and_requeue() {
 }
 trap stop_and_requeue USR1
 
-echo "slurm_train.sh: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}):" \
-    "$SLURM_NNODES nodes x $gpus_per_node processes, rendezvous at $head_node:$rdzv_port"
+command=(
+    srun --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" torchrun
+    --nnodes="$nodes"
+    --nproc_per_node="$gpus_per_node"
+    --rdzv-backend=c10d
+    --rdzv-endpoint="$head_node:$rdzv_port"
+    --rdzv-id="$job_id"
+    scripts/train.py "$@" train.resume=auto
+)
+if ((dry_run)); then
+    printf '%q' "${command[0]}"
+    printf ' %q' "${command[@]:1}"
+    printf '\n'
+    exit 0
+fi
+echo "slurm_train.sh: job $job_id (restart ${SLURM_RESTART_COUNT:-0}):" \
+    "$nodes nodes x $gpus_per_node processes, rendezvous at $head_node:$rdzv_port"
 # In the background so that the trap runs at once: bash delays traps until a foreground
 # command returns, but `wait` returns on a signal.
-srun --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" torchrun \
-    --nnodes="$SLURM_NNODES" \
-    --nproc_per_node="$gpus_per_node" \
-    --rdzv-backend=c10d \
-    --rdzv-endpoint="$head_node:$rdzv_port" \
-    --rdzv-id="$SLURM_JOB_ID" \
-    scripts/train.py "$@" train.resume=auto &
+"${command[@]}" &
 srun_pid=$!
 
 status=0

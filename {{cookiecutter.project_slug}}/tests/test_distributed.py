@@ -457,6 +457,30 @@ def test_slurm_script_parses_and_passes_shellcheck():
     assert proc.returncode == 0, proc.stdout
 
 
+def test_slurm_script_helps_and_dry_runs_without_slurm(tmp_path):
+    """--help and --dry-run work on a laptop: no SLURM command on PATH, no SLURM_* set but
+    those given; outside a job the script itself is one line, exit 2, nothing run."""
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no scontrol, srun, torchrun
+    done = subprocess.run(["bash", "scripts/slurm_train.sh", "--help"], cwd=ROOT, env=bare,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0 and "--dry-run prints the srun + torchrun command" in done.stdout
+    assert "#SBATCH" not in done.stdout and "set -euo" not in done.stdout
+    env = {**bare, "SLURM_JOB_NODELIST": "gpu-3,gpu-4", "SLURM_NNODES": "2",
+           "SLURM_GPUS_ON_NODE": "8"}  # fmt: skip
+    args = ["bash", "scripts/slurm_train.sh", "--dry-run", "run.name=big", "train.lr=1e-3"]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "srun --cpus-per-task=1 torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d "
+        "--rdzv-endpoint=gpu-3:29500 --rdzv-id=dry-run scripts/train.py run.name=big "
+        "train.lr=1e-3 train.resume=auto\n"
+    )
+    done = subprocess.run(["bash", "scripts/slurm_train.sh", "run.name=big"], cwd=ROOT,
+                          env=bare, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "not inside a SLURM job" in done.stderr
+
+
 def test_slurm_script_runs_torchrun_once_per_node_with_c10d(slurm):
     job = sbatch_script(slurm, "run.name=big", "train.epochs=3", stdout=subprocess.PIPE)
     assert job.wait(timeout=30) == 0

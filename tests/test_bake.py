@@ -72,6 +72,7 @@ EXPECTED = {
     "PKG/tools/evaluate.py",
     "PKG/tools/formats.py",
     "PKG/config/__init__.py",
+    "PKG/config/describe.py",
     "PKG/config/schema.py",
     "PKG/config/text.py",
     "PKG/config/load.py",

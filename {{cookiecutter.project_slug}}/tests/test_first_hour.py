@@ -301,3 +301,28 @@ def test_the_suite_notices_a_file_a_test_leaves_in_the_project(tmp_path):
     (tmp_path / "checkpoints" / "default").mkdir(parents=True)
     (tmp_path / ".ruff_cache" / "x").write_text("")
     assert project_files(tmp_path) - before == {"t.yaml", "checkpoints/default"}
+
+
+def test_show_config_prints_every_setting_with_its_meaning_as_a_config_that_reads(
+    tmp_path, capsys
+):
+    """train.py --show-config: the chosen data, model and task's own keys too (csv's targets
+    and normalize were once named only inside an error), each with its comment; saved, the
+    text is a --config file giving the same settings."""
+    from {{ cookiecutter.package_name }}.config import load_config, to_dict
+    from {{ cookiecutter.package_name }}.tools.train import train_main
+
+    overrides = ["data.name=csv", "model.name=mlp", "task.name=multilabel", "train.lr=0.01",
+                 f"run.output_dir={tmp_path / 'runs'}"]  # fmt: skip
+    assert train_main(["--show-config", *overrides]) == 0
+    text = capsys.readouterr().out
+    for line in ("  targets: auto  # auto: what task.name needs",
+                 "  normalize: true  # standardise features",
+                 "  pos_weight: none  # Loss weight of each label's positives",
+                 "  lr: 0.01  # peak learning rate", "  width: 64  # hidden units"):  # fmt: skip
+        assert line in text, line
+    (tmp_path / "shown.yaml").write_text(text)
+    assert to_dict(load_config(str(tmp_path / "shown.yaml"), [])) == to_dict(
+        load_config(None, overrides)
+    )
+    assert not (tmp_path / "runs").exists() and "steps/epoch" not in text  # nothing trained

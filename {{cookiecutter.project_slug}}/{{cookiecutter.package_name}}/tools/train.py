@@ -21,15 +21,25 @@ def train_main(argv: list[str] | None = None) -> int:
         example="train.epochs=3 train.lr=1e-3",
     )
     parser.add_argument("--config", help="YAML config file (default: built-in defaults)")
+    parser.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print every setting (the chosen data, model and task's own too) with its value "
+        "and meaning, as YAML a --config file can hold, and exit",
+    )
     args = parser.parse_args(argv)
     where: dict = {}
 
     def run() -> int:
         from ..config import load_config
+        from ..config.describe import describe
         from ..distributed import lost_peer
         from ..trainer import COMPLETE, fit
 
         cfg = load_config(args.config, args.overrides)
+        if args.show_config:
+            print(describe(cfg), end="")
+            return 0
         where["path"] = Path(cfg.run.output_dir) / cfg.run.name
         try:
             result = fit(cfg)

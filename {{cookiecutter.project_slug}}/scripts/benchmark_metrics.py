@@ -150,7 +150,7 @@ def measure(name: str, cfg, steps: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the table case")
     parser.add_argument("--steps", type=int, default=20, help="timed training steps per case")
     parser.add_argument("--repeats", type=int, default=5, help="timings of the metrics")

@@ -410,7 +410,8 @@ def next_step(manager: str, created: bool, project: Path = PROJECT) -> str | Non
 
 def parse_args(argv: list[str] | None, answers: dict) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], epilog="Details: the top of scripts/create_env.py."
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Details: the top of scripts/create_env.py.",
     )
     parser.add_argument(
         "--manager",

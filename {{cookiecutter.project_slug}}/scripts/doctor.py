@@ -189,7 +189,7 @@ def parser_class() -> type[argparse.ArgumentParser]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = parser_class()(description=__doc__.splitlines()[0])
+    parser = parser_class()(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--json", action="store_true", help="print a JSON list of checks")
     args = parser.parse_args(argv)
     checks = diagnose(gather_facts())

@@ -210,3 +210,17 @@ def test_a_signal_while_the_sweep_script_imports_stops_it_before_its_first_trial
     trials = json.loads((tmp_path / "s" / "sweep.json").read_text())["trials"]
     assert {t["state"] for t in trials} == {"pending"}
     assert not (tmp_path / "s" / "logs").exists()  # no trial started
+
+
+def test_every_scripts_help_describes_it_in_whole_sentences():
+    """--help's description is the docstring's first paragraph, whole: the first line of it
+    once ended benchmark_dataloader.py's help mid-sentence ("... num_workers values,")."""
+    import ast
+
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        text = path.read_text()
+        assert "__doc__.splitlines()[0]" not in text, path.name
+        doc = ast.get_docstring(ast.parse(text))
+        if doc and "description=__doc__" in text:
+            first = doc.split("\n\n")[0].replace("\n", " ").strip()
+            assert first.endswith((".", ")")), f"{path.name}: {first[-60:]!r}"

@@ -75,18 +75,28 @@ def test_baked_readme_states_the_description_once(bake):
 
 @pytest.mark.slow
 def test_baked_readme_quick_start_runs(bake):
-    """Every command of the baked README's quick start, as written, in a fresh bake. Two are
-    left to other tests: `make env` (the real-environment tests of the hooks) and
-    `tensorboard --logdir`, a server (its events are checked by the baked suite)."""
+    """Every command of the baked README's one-screen start, as written, in a fresh bake, then
+    those of its environment section. Two are left to other tests: `make env` (the
+    real-environment tests of the hooks) and `tensorboard --logdir`, a server (its events are
+    checked by the baked suite)."""
     project = bake()
     readme = (project / "README.md").read_text()
-    block = re.search(r"## Quick start\n+```bash\n(.*?)```", readme, re.S).group(1)
-    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
-    assert commands[0] == "make env" and commands[-1].startswith("tensorboard --logdir")
+
+    def block(heading: str) -> list[str]:
+        pattern = rf"## {heading}\n+(?:[^\n]*\n\n)?```bash\n(.*?)```"
+        text = re.search(pattern, readme, re.S).group(1)
+        return [line.split("  #")[0].strip() for line in text.splitlines() if line.strip()]
+
+    start, environment = block("Start here"), block("Environment[^\n]*")
+    assert start[0] == "make smoke" and "--show-config" in start[-1]
+    assert environment[0] == "make env" and environment[-1].startswith("tensorboard --logdir")
+    assert readme.index("## Start here") < readme.index("## Environment") < readme.index("## Layout")
+    assert len(readme.split("## Start here")[1].split("\n## ")[0].splitlines()) <= 40  # a screen
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
-    for command in commands[1:-1]:
+    for command in start + environment[1:-1]:
         proc = subprocess.run(
             command, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=600
         )
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     assert (project / "checkpoints" / "default" / "best.pt").is_file()
+    assert (project / "checkpoints" / "default" / "predictions.csv").is_file()

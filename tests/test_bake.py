@@ -310,6 +310,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "checkpoints/default/best.pt",
         "checkpoints/default/last.pt",
         "checkpoints/default/best.full.pt",  # written by scripts/consolidate.py
+        "checkpoints/default/predictions.csv",  # written by scripts/predict.py --out
         "data/train.pt",
         "data/val.pt",
         "checkpoints/runs.csv",

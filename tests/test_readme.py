@@ -90,7 +90,8 @@ def test_baked_readme_quick_start_runs(bake):
     start, environment = block("Start here"), block("Environment[^\n]*")
     assert start[0] == "make smoke" and "--show-config" in start[-1]
     assert environment[0] == "make env" and environment[-1].startswith("tensorboard --logdir")
-    assert readme.index("## Start here") < readme.index("## Environment") < readme.index("## Layout")
+    order = [readme.index(f"## {heading}") for heading in ("Start here", "Environment", "Layout")]
+    assert order == sorted(order)
     assert len(readme.split("## Start here")[1].split("\n## ")[0].splitlines()) <= 40  # a screen
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
     for command in start + environment[1:-1]:

@@ -94,7 +94,8 @@ def measure(dataset, cfg, workers: int, batches: int, warmup: int, repeats: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # an argument error: one line
+    # An argument error: one line
+    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.name=x")
     parser.add_argument("--config", help="YAML config file (default: built-in defaults)")
     parser.add_argument("--workers", type=int, nargs="+", help="num_workers values to try")

@@ -148,7 +148,8 @@ def run_variant(cfg, task, batch_xy, device, dtype: str, compiled: bool, args) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # an argument error: one bounded line
+    # An argument error: one bounded line
+    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.width=64")
     parser.add_argument("--config", help="YAML config file (default: built-in defaults)")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))

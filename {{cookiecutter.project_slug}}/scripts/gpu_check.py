@@ -115,7 +115,8 @@ def run_worker(args, machine: Machine) -> int:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # an argument error: one bounded line
+    # An argument error: one bounded line
+    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     parser.add_argument("--only", metavar="NAME[,NAME]", help="run only these checks")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")

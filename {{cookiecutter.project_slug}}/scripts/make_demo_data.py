@@ -173,7 +173,8 @@ WRITERS = {"csv": write_csv, "images": write_images, "text": write_text}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # an argument error: one line
+    # An argument error: one line
+    parser = Parser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("kinds", nargs="*", help=f"any of {', '.join(WRITERS)}; default: all")
     parser.add_argument("--out", default="data/demo", help="folder to write (default data/demo)")
     args = parser.parse_args(argv)

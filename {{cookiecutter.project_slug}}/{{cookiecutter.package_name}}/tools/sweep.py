@@ -22,7 +22,7 @@ from pathlib import Path
 from ..config import load_config
 from ..errors import EXIT_STOPPED, ConfigError, UserError
 from ..utils import run_files, signals
-from . import sweep_manifest, sweep_report
+from . import sweep_launch, sweep_manifest, sweep_report
 from .sweep_plan import SBATCH_MISSING, plan, slots_for
 
 # A record "running" that no process runs was left by a sweep that was killed: resumed too.
@@ -253,14 +253,19 @@ class Sweep:
         err = (logs / f"{trial['id']}.err").open("w+")
         extra = [f"run.threads={slot['threads']}"] if slot.get("threads") else []
         env = {**os.environ, **slot.get("env", {}), "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(
-            self.command(trial) + extra,
-            stdout=out,
-            stderr=err,
-            env=env,
-            start_new_session=True,  # see _pass_on
-            preexec_fn=signals.stop_with_parent(),
-        )
+        command = self.command(trial) + extra
+        if sweep_launch.can_fork(command, self.root / "scripts" / "train.py"):
+            held = [self._held] if self._held is not None else []
+            proc = sweep_launch.fork_trial(command, out, err, env, close=held)
+        else:
+            proc = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,  # see _pass_on
+                preexec_fn=signals.stop_with_parent(),
+            )
         out.close()
         self._started.append(trial["id"])
         self.update(trial, state="running", exit_code=None, error=None)

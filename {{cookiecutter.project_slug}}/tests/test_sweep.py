@@ -223,6 +223,51 @@ def test_a_killed_sweep_resumes_its_interrupted_trial_and_a_second_sweep_is_refu
     assert {t["state"] for t in manifest["trials"]} == {"done"}
 
 
+def children_of(pid: int) -> list[int]:
+    """The live child processes of `pid` (Linux /proc): a sweep's forked trials."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if fields.get("PPid", "").strip() == str(pid) and fields.get("State", "")[:1] != "Z":
+            found.append(int(status.parent.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_trial_killed_mid_sweep_takes_only_itself_down_and_resumes_on_the_rerun(tmp_path):
+    """kill -9 of one trial's process (forked from the sweep on Linux): the sweep records it
+    as interrupted, runs the next trial, ends non-zero with it unfinished; the rerun resumes
+    it from its last checkpoint and runs nothing else."""
+    args = [a for a in sweep_cmd(tmp_path, "--name", "x") if not a.startswith("train.epochs=")]
+    args += ["train.epochs=30,2", "data.train_size=512"]
+    job = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    first = tmp_path / "x" / "t00-epochs30"
+    wait_for([first / "last.pt"])  # an epoch saved
+    (trial,) = children_of(job.pid)
+    os.kill(trial, signal.SIGKILL)
+    out, err = job.communicate(timeout=180)
+    assert job.returncode not in (0, None), out
+    assert "t00-epochs30: interrupted (exit -9)" in out and "t01-epochs2: done" in out
+    trials = json.loads((tmp_path / "x" / "sweep.json").read_text())["trials"]
+    assert [(t["state"], t["exit_code"]) for t in trials] == [("pending", -9), ("done", 0)]
+    rerun = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env={**os.environ, **env()},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    assert "t01-epochs2: started" not in rerun.stdout
+    assert "resumed at step" in (tmp_path / "x" / "logs" / "t00-epochs30.out").read_text()
+    trials = json.loads((tmp_path / "x" / "sweep.json").read_text())["trials"]
+    assert {t["state"] for t in trials} == {"done"}
+
+
 def refused_while_running(args: list[str]) -> None:
     """A second sweep of a folder whose sweep is running is refused: one line, exit 2 (and the
     running one finishes: its caller checks)."""

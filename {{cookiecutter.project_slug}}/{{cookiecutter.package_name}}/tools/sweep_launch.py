@@ -41,11 +41,17 @@ def can_fork(command: list[str], train_script: Path) -> bool:
 
 
 def warm() -> None:
-    """Import, once, what every trial imports: torch, the package's training code and
-    torch._dynamo (which torch's optimizers import at their first step)."""
+    """Import, once, what every trial imports: torch, the package's training code,
+    torch._dynamo (which torch's optimizers import at their first step) and matplotlib's
+    figure, which draws each trial's curves.png at its end (~1 s to import)."""
     import torch._dynamo  # noqa: F401
 
+    from ..utils import plots
     from . import train  # noqa: F401  (trainer, data, models, tasks, checkpoint, ...)
+
+    if plots.available():
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
 
 
 class Forked:

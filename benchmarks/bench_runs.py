@@ -1,0 +1,154 @@
+"""Many small runs, cheap: what a run and a sweep trial cost beyond their own work, measured
+as whole processes, paired, in one run of this script.
+
+    python benchmarks/bench_runs.py                 # ~4 min on 2 cores: 5 pairs of each
+    python benchmarks/bench_runs.py --quick         # 1 pair of each, smaller (checks it runs)
+    python benchmarks/bench_runs.py --project DIR --repeats 9 --json runs.json
+
+Bakes the template (or takes --project) and times, in rotating order, `--repeats` pairs of:
+
+  tiny run   the baked `scripts/train.py` (the default CNN on synthetic data, 4 epochs, csv
+             logs) against a hand-written loop doing the same work with the imports it needs
+             (the package's dataset and model, fused AdamW, the warm-up + cosine schedule, a
+             validation per epoch and one torch.save per epoch): ratio project / loop, target
+             at most 1.05;
+  sweep      `scripts/sweep.py` with a grid of 4 tiny trials against the same 4 trials run
+             one after another as `scripts/train.py` processes: ratio sweep / sequential,
+             target at most 0.6; and the sweep's seconds per trial above a trial's own work
+             (the sweep's time less its start-up, over 4, less the trials' in-process work as
+             their sequential time less a bare `python -c "import torch"` each), target 1 s.
+
+Each figure is the median over pairs of the per-pair ratio (pairs share the machine's state).
+Targets are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_training import _child_env, bake  # noqa: E402
+
+TINY_RUN = ["train.epochs=4", "run.loggers=[csv]"]
+TRIAL = ["data.train_size=256", "data.val_size=64", "model.width=8", "train.batch_size=32",
+         "train.epochs=1", "run.loggers=[csv]"]  # fmt: skip
+LRS = ["1e-3", "2e-3", "3e-3", "4e-3"]
+
+# The hand-written loop: what the tiny run does, written out with no framework around it.
+LOOP = """
+import sys, importlib, math, torch, torch.nn.functional as F
+pkg, out, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+config, data, models = (importlib.import_module(f"{pkg}.{m}") for m in ("config", "data", "models"))
+cfg = config.load_config(None, args)
+torch.manual_seed(cfg.run.seed)
+train = data.SyntheticGratings(cfg.data.options, "train")
+val = data.SyntheticGratings(cfg.data.options, "val")
+model = models.build_model(cfg.model, train.x[:2], train.num_classes)
+opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
+                        weight_decay=cfg.train.weight_decay, fused=True)
+batch, epochs = cfg.train.batch_size, cfg.train.epochs
+steps = len(train) // batch
+total, warm = steps * epochs, max(1, int(0.05 * steps * epochs))
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else
+    0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
+for epoch in range(epochs):
+    model.train()
+    order = torch.randperm(len(train))
+    for i in range(steps):
+        idx = order[i * batch:(i + 1) * batch]
+        loss = F.cross_entropy(model(train.x[idx]), train.y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        sched.step()
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model(val.x[i:i + 2 * batch]) for i in range(0, len(val), 2 * batch)])
+        acc = (logits.argmax(1) == val.y).float().mean().item()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}, out)
+    print(f"epoch {epoch + 1}: val acc {acc:.4f}")
+"""
+
+
+def timed(cmd: list[str], env: dict, cwd: Path) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({done.returncode}):\n{done.stderr}")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--quick", action="store_true", help="1 pair of each, smaller runs")
+    p.add_argument("--repeats", type=int, default=5, help="pairs of each (default 5)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--project", help="time this baked project instead of baking one")
+    p.add_argument("--json", help="write the numbers to this file")
+    args = p.parse_args(argv)
+    repeats = 1 if args.quick else args.repeats
+    tiny = [*TINY_RUN, "data.train_size=512", "train.epochs=2"] if args.quick else TINY_RUN
+    with tempfile.TemporaryDirectory(prefix="bench-runs-") as tmp:
+        work = Path(tmp)
+        project, package = bake(work, args.project)
+        env = _child_env(project, args.threads)
+        threads = [f"run.threads={args.threads}"]
+        loop = work / "loop.py"
+        loop.write_text(LOOP)
+        py = sys.executable
+        pairs = {"run": [], "sweep": []}
+        bare = statistics.median(timed([py, "-c", "import torch"], env, project) for _ in range(3))
+        for i in range(repeats):
+            out = work / f"r{i}"
+            project_cmd = [py, "scripts/train.py", *tiny, *threads, f"run.output_dir={out}"]
+            loop_cmd = [py, str(loop), package, str(work / f"loop{i}.pt"), *tiny, *threads]
+            first, second = (project_cmd, loop_cmd) if i % 2 == 0 else (loop_cmd, project_cmd)
+            a, b = timed(first, env, project), timed(second, env, project)
+            run_s, loop_s = (a, b) if first is project_cmd else (b, a)
+            sweep_cmd = [py, "scripts/sweep.py", "--name", f"s{i}", f"train.lr={','.join(LRS)}",
+                         *TRIAL, *threads, f"run.output_dir={out}"]  # fmt: skip
+            trials = [[py, "scripts/train.py", f"run.name=q{i}-{lr}", f"train.lr={lr}", *TRIAL,
+                       *threads, f"run.output_dir={out}"] for lr in LRS]  # fmt: skip
+            if i % 2 == 0:
+                sweep_s = timed(sweep_cmd, env, project)
+                sequential_s = sum(timed(cmd, env, project) for cmd in trials)
+            else:
+                sequential_s = sum(timed(cmd, env, project) for cmd in trials)
+                sweep_s = timed(sweep_cmd, env, project)
+            pairs["run"].append({"project_s": run_s, "loop_s": loop_s})
+            pairs["sweep"].append({"sweep_s": sweep_s, "sequential_s": sequential_s})
+            print(f"pair {i + 1}/{repeats}: run {run_s:.2f} s vs loop {loop_s:.2f} s; sweep "
+                  f"{sweep_s:.2f} s vs 4 processes {sequential_s:.2f} s", flush=True)  # fmt: skip
+    run_ratio = statistics.median(r["project_s"] / r["loop_s"] for r in pairs["run"])
+    sweep_ratio = statistics.median(s["sweep_s"] / s["sequential_s"] for s in pairs["sweep"])
+    work_s = statistics.median(s["sequential_s"] / len(LRS) - bare for s in pairs["sweep"])
+    per_trial = statistics.median(
+        (s["sweep_s"] - bare) / len(LRS) - (s["sequential_s"] / len(LRS) - bare)
+        for s in pairs["sweep"]
+    )
+    result = {
+        "pairs": pairs, "import_torch_s": bare, "threads": args.threads, "cpus": os.cpu_count(),
+        "tiny_run_ratio": run_ratio, "sweep_ratio": sweep_ratio,
+        "trial_work_s": work_s, "sweep_overhead_per_trial_s": per_trial,
+    }  # fmt: skip
+    print(f"tiny run / hand-written loop: {run_ratio:.3f} (target <= 1.05)")
+    print(f"sweep of 4 / 4 train.py processes: {sweep_ratio:.3f} (target <= 0.6)")
+    print(f"sweep's seconds per trial above the trial's own work (~{work_s:.2f} s): "
+          f"{per_trial:+.2f} s (target <= 1)")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

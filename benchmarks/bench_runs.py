@@ -46,7 +46,8 @@ LRS = ["1e-3", "2e-3", "3e-3", "4e-3"]
 LOOP = """
 import sys, importlib, math, torch, torch.nn.functional as F
 pkg, out, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-config, data, models = (importlib.import_module(f"{pkg}.{m}") for m in ("config", "data", "models"))
+config, data, models = (importlib.import_module(f"{pkg}.{m}") for m in ("config", "data",
+                                                                       "models"))
 cfg = config.load_config(None, args)
 torch.manual_seed(cfg.run.seed)
 train = data.SyntheticGratings(cfg.data.options, "train")

@@ -155,3 +155,20 @@ def test_quick_benchmark_bakes_runs_every_loop_and_reports_every_number(tmp_path
     assert isinstance(res["startup_over_minimal_s"], float)
     assert res["setup"]["machine"]["torch"] and res["setup"]["repeats"] == 1
     assert "| (b) baked project trainer |" in done.stdout and "b/a = " in done.stdout
+
+
+@pytest.mark.slow
+def test_runs_benchmark_quick_gives_both_ratios(tmp_path):
+    """benchmarks/bench_runs.py --quick (issue 31's figures): one pair of each, the tiny run
+    against the hand-written loop and the sweep against sequential train.py processes."""
+    out = tmp_path / "runs.json"
+    done = subprocess.run(
+        [sys.executable, str(TEMPLATE / "benchmarks" / "bench_runs.py"), "--quick", "--json",
+         str(out)], capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["tiny_run_ratio"] > 0 and result["sweep_ratio"] > 0
+    (pair,) = result["pairs"]["sweep"]
+    assert pair["sweep_s"] > 0 and pair["sequential_s"] > 0
+    assert "sweep of 4 / 4 train.py processes" in done.stdout

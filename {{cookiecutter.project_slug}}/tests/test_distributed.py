@@ -26,7 +26,6 @@ from {{ cookiecutter.package_name }}.data import build_loader
 from {{ cookiecutter.package_name }}.data.sampler import ShardedSampler
 from {{ cookiecutter.package_name }}.distributed import DistInfo
 from {{ cookiecutter.package_name }}.trainer import fit, prepare_process
-from {{ cookiecutter.package_name }}.utils import plots
 from {{ cookiecutter.package_name }}.utils.run_files import RUNS_LOCK
 from {{ cookiecutter.package_name }}.utils.seed import mix_seed
 
@@ -174,7 +173,8 @@ def test_training_under_torchrun_writes_one_run_folder(two_rank_job):
     assert stdout.count("run default: mlp") == 1 and "cpu x 2" in stdout
     assert stdout.count("epoch 2/2 |") == 1
     assert sorted(p.name for p in out.iterdir()) == [RUNS_LOCK, "default", "runs.csv"]
-    plot = ["curves.png"] if plots.available() else []  # matplotlib is optional
+    # curves.png: drawn at the end of a run of 30 s or more (a loaded machine), with matplotlib
+    plot = ["curves.png"] if (out / "default" / "curves.png").exists() else []
     assert sorted(p.name for p in (out / "default").iterdir()) == [
         ".lock",
         "best.pt",

@@ -82,6 +82,7 @@ def test_the_first_run_line_shows_the_plan_and_warns_of_a_warmup_longer_than_the
 def test_the_summary_lists_curves_png_drawn_at_the_end_of_the_run(tiny, capsys, monkeypatch):
     monkeypatch.setattr(logger, "available", lambda: True)  # matplotlib or not, here
     monkeypatch.setattr(logger, "plot_curves", lambda csv, png: png.write_bytes(b"png") and 1)
+    monkeypatch.setattr(logger, "DRAW_AT_END_AFTER_S", 0)  # as a run of 30 s or more
     fit(load_config(None, [*tiny, "train.epochs=1"]))  # shorter than REDRAW_EVERY_S
     out = capsys.readouterr().out
     folder = next(x for x in out.splitlines() if x.startswith("  run folder "))

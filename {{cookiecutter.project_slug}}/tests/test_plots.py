@@ -1,5 +1,6 @@
-"""curves.png: redrawn from metrics.csv at each epoch end, whatever validation metrics the task
-logs; matplotlib is optional and training goes on without it."""
+"""curves.png: redrawn from metrics.csv at epoch ends and at the end of a run long enough
+for a drawing to be a small share of it, whatever validation metrics the task logs;
+matplotlib is optional and training goes on without it."""
 
 from __future__ import annotations
 
@@ -58,9 +59,18 @@ def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawin
 
 
 @pytest.mark.slow
-def test_short_epochs_are_drawn_once_when_the_run_ends(tiny, drawings):
+def test_short_epochs_are_drawn_once_when_the_run_ends(tiny, drawings, monkeypatch):
+    monkeypatch.setattr(logger, "DRAW_AT_END_AFTER_S", 0)  # as when the run took 30 s
     fit(load_config(None, [*tiny, "train.epochs=3"]))
     assert drawings == [(3, 18)]
+
+
+def test_a_run_shorter_than_a_drawing_is_worth_draws_no_curves(tiny, drawings, capsys):
+    """A tiny run (a test, a smoke run, a sweep trial) does not spend ~1 s of matplotlib on
+    curves.png; its metrics.csv holds them and the summary's compare command draws them."""
+    fit(load_config(None, [*tiny, "train.epochs=1"]))
+    assert drawings == [] and not (run_folder(tiny) / "curves.png").exists()
+    assert "compare: python scripts/compare_runs.py" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

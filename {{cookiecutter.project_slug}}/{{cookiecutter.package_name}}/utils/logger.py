@@ -20,8 +20,12 @@ from .plots import INSTALL_HINT, available, plot_curves
 from .trackers import open_trackers
 
 # curves.png is redrawn at an epoch's end once this long has passed since the last drawing
-# (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends.
+# (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends
+# if it trained at least DRAW_AT_END_AFTER_S (a first drawing also imports matplotlib, ~1 s:
+# the tail of every tiny run, test and sweep trial). A shorter run's curves are in
+# metrics.csv and TensorBoard, and `scripts/compare_runs.py <run folder>` draws them.
 REDRAW_EVERY_S = 30.0
+DRAW_AT_END_AFTER_S = 30.0
 # The last step given to the trackers, beside the checkpoints: a resume from an earlier step
 # finds out that they hold steps it will log again.
 TRACKED_STEP = run_files.TRACKED_STEP
@@ -134,7 +138,8 @@ class MetricLogger:
         self._drawn_at, self._stale = time.perf_counter(), False
 
     def close(self) -> None:
-        self._draw_curves()  # the epochs since the last drawing
+        if time.perf_counter() - self._opened >= DRAW_AT_END_AFTER_S:
+            self._draw_curves()  # the epochs since the last drawing
         if self._writer is not None:
             self._writer.close()
             self._writer = None

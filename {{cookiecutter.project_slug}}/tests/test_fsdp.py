@@ -309,7 +309,9 @@ def test_under_fsdp_no_rank_but_0_holds_the_whole_model_at_start_up(tmp_path, in
     # Both ranks pay the same fixed costs (the process group, the allocator's arenas: 20-70
     # MB, more under load), so rank 1 is judged against rank 0, which alone builds the whole
     # model: it holds a model's size less. When every rank built the model they grew alike.
-    assert grown[1] < size and grown[0] - grown[1] > 0.75 * size, (grown, size)
+    # Half a model's size of margin: under load in CI rank 1's fixed costs grew by 64 MB more
+    # than rank 0's (374 and 206 MB for a 242 MB model; 373 and 142 MB on a quiet machine).
+    assert grown[1] < size and grown[0] - grown[1] > 0.5 * size, (grown, size)
     # The full model in host memory and its half; with init_from also the file's weights.
     assert grown[0] < (3 if init_from else 2) * size, (grown, size)
     assert "start-up peak memory per rank (building and sharding the model): rank 0 " in (

@@ -169,6 +169,7 @@ def test_runs_benchmark_quick_gives_both_ratios(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["tiny_run_ratio"] > 0 and result["sweep_ratio"] > 0
+    assert result["epoch_ratio"] > 0
     (pair,) = result["pairs"]["sweep"]
     assert pair["sweep_s"] > 0 and pair["sequential_s"] > 0
     assert "sweep of 4 / 4 train.py processes" in done.stdout

@@ -16,7 +16,8 @@ Bakes the template (or takes --project) and times, in rotating order, `--repeats
              as whole processes of 6 and of 1 epochs, (t6 - t1) / 5, of the project and of
              the same hand-written loop: ratio loop / project, target at least 0.98 (the
              epoch's end: validation, the fsynced checkpoint and best.pt, metrics.csv and
-             TensorBoard, against the loop's validation and one torch.save);
+             TensorBoard, against the loop's validation and one torch.save); and the same for
+             an overhead-bound configuration (a CNN of width 8 on 8x8 images: short steps);
   sweep      `scripts/sweep.py` with a grid of 4 tiny trials against the same 4 trials run
              one after another as `scripts/train.py` processes: ratio sweep / sequential,
              target at most 0.6; and the seconds per trial of each (the sweep's after its own
@@ -45,6 +46,7 @@ TINY_RUN = ["train.epochs=4", "run.loggers=[csv]"]
 TRIAL = ["data.train_size=256", "data.val_size=64", "model.width=8", "train.batch_size=32",
          "train.epochs=1", "run.loggers=[csv]"]  # fmt: skip
 LRS = ["1e-3", "2e-3", "3e-3", "4e-3"]
+SMALL = ["model.width=8", "data.image_size=8"]  # overhead-bound: steps of ~1 ms
 
 # The hand-written loop: what the tiny run does, written out with no framework around it.
 LOOP = """
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = work / "loop.py"
         loop.write_text(LOOP)
         py = sys.executable
-        pairs = {"run": [], "epoch": [], "sweep": []}
+        pairs = {"run": [], "epoch": [], "epoch_small": [], "sweep": []}
         bare = statistics.median(timed([py, "-c", "import torch"], env, project) for _ in range(3))
         for i in range(repeats):
             out = work / f"r{i}"
@@ -131,33 +133,42 @@ def main(argv: list[str] | None = None) -> int:
                 sequential_s = sum(timed(cmd, env, project) for cmd in trials)
                 sweep_s = timed(sweep_cmd, env, project)
             pairs["run"].append({"project_s": run_s, "loop_s": loop_s})
-            epochs = {}
-            for n in (1, 2) if args.quick else (1, 6):
-                settings = [f"train.epochs={n}", *threads, f"run.output_dir={out}/e{n}"]
-                epochs[f"project_{n}"] = timed([py, "scripts/train.py", *settings], env, project)
-                epochs[f"loop_{n}"] = timed(
-                    [py, str(loop), package, str(work / "e.pt"), *settings], env, project
-                )
-            pairs["epoch"].append(epochs)
+            for case, extra in (("epoch", []), ("epoch_small", SMALL)):
+                epochs = {}
+                for n in (1, 2) if args.quick else (1, 6):
+                    settings = [f"train.epochs={n}", *extra, *threads,
+                                f"run.output_dir={out}/{case}{n}"]  # fmt: skip
+                    epochs[f"project_{n}"] = timed(
+                        [py, "scripts/train.py", *settings], env, project
+                    )
+                    epochs[f"loop_{n}"] = timed(
+                        [py, str(loop), package, str(work / "e.pt"), *settings], env, project
+                    )
+                pairs[case].append(epochs)
             pairs["sweep"].append({"sweep_s": sweep_s, "sequential_s": sequential_s})
             print(f"pair {i + 1}/{repeats}: run {run_s:.2f} s vs loop {loop_s:.2f} s; sweep "
                   f"{sweep_s:.2f} s vs 4 processes {sequential_s:.2f} s", flush=True)  # fmt: skip
     run_ratio = statistics.median(r["project_s"] / r["loop_s"] for r in pairs["run"])
     last = 2 if args.quick else 6
-    epoch_ratio = statistics.median(
-        (e[f"loop_{last}"] - e["loop_1"]) / (e[f"project_{last}"] - e["project_1"])
-        for e in pairs["epoch"]
+    epoch_ratio, small_ratio = (
+        statistics.median(
+            (e[f"loop_{last}"] - e["loop_1"]) / (e[f"project_{last}"] - e["project_1"])
+            for e in pairs[case]
+        )
+        for case in ("epoch", "epoch_small")
     )
     sweep_ratio = statistics.median(s["sweep_s"] / s["sequential_s"] for s in pairs["sweep"])
     process_s = statistics.median(s["sequential_s"] / len(LRS) for s in pairs["sweep"])
     forked_s = statistics.median((s["sweep_s"] - bare) / len(LRS) for s in pairs["sweep"])
     result = {
         "pairs": pairs, "import_torch_s": bare, "threads": args.threads, "cpus": os.cpu_count(),
-        "tiny_run_ratio": run_ratio, "epoch_ratio": epoch_ratio, "sweep_ratio": sweep_ratio,
+        "tiny_run_ratio": run_ratio, "epoch_ratio": epoch_ratio,
+        "epoch_small_ratio": small_ratio, "sweep_ratio": sweep_ratio,
         "trial_as_process_s": process_s, "trial_in_sweep_s": forked_s,
     }  # fmt: skip
     print(f"tiny run / hand-written loop: {run_ratio:.3f} (target <= 1.05)")
     print(f"epoch, hand-written loop / project: {epoch_ratio:.3f} (target >= 0.98)")
+    print(f"overhead-bound epoch, loop / project: {small_ratio:.3f} (target >= 0.98)")
     print(f"sweep of 4 / 4 train.py processes: {sweep_ratio:.3f} (target <= 0.6)")
     print(f"seconds per trial: {forked_s:.2f} in the sweep, {process_s:.2f} as a process")
     if args.json:

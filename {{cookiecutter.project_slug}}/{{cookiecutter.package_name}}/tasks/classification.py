@@ -225,21 +225,27 @@ def class_weights(option, names: list[str], meta: dict) -> torch.Tensor | None:
         counts = torch.tensor(counts, dtype=torch.float64, device="cpu")
         weights = counts.sum() / (k * counts.clamp(min=1))
         return weights.where(counts > 0, 0.0).float()
+    weights = in_order(option, names, "task.class_weights", ("class", "classes"))
+    return torch.tensor(weights, dtype=torch.float32, device="cpu")
+
+
+def in_order(option, names: list[str], key: str, noun: tuple[str, str]) -> list[float]:
+    """A list of weights, or a mapping {name: weight}, as one weight per name in the order of
+    `names`; one line when they do not fit. `noun`: what a name is, singular and plural."""
+    one, many = noun
     if isinstance(option, dict):
         unknown = [n for n in option if n not in names]
         missing = [n for n in names if n not in option]
         if unknown or missing:
-            wrong = f"{unknown} are not classes" if unknown else f"{missing} have no weight"
-            raise ConfigError(
-                f"task.class_weights: {wrong}; give a weight for each class of {names}"
-            )
+            wrong = f"{unknown} are not {many}" if unknown else f"{missing} have no weight"
+            raise ConfigError(f"{key}: {wrong}; give a weight for each {one} of {names}")
         option = [option[n] for n in names]
-    if len(option) != k:
+    if len(option) != len(names):
         raise ConfigError(
-            f"task.class_weights has {len(option)} weights for the {k} classes {names}; "
-            "give one per class, in this order, or a mapping {class name: weight}"
+            f"{key} has {len(option)} weights for the {len(names)} {many} {names}; give one "
+            f"per {one}, in this order, or a mapping ({one} name: weight)"
         )
-    return torch.tensor(option, dtype=torch.float32, device="cpu")
+    return [float(w) for w in option]
 
 
 def _fixed(threshold) -> float:

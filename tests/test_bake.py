@@ -107,6 +107,7 @@ EXPECTED = {
     "PKG/tools/sweep_manifest.py",
     "PKG/tools/sweep_optuna.py",
     "PKG/tools/sweep_study.py",
+    "PKG/tools/sweep_launch.py",
     "PKG/tools/compare.py",
     "PKG/utils/signals.py",
     "PKG/utils/locks.py",

@@ -79,7 +79,10 @@ CUDA_PATHS = {
             "tools/predict.py:_parser",
         ),
     ),
-    "sweep_gpus": ("sweep trials on GPUs of their own", ("tools/sweep_plan.py:slots_for",)),
+    "sweep_gpus": (
+        "sweep trials on GPUs of their own, forked from a sweep that never initialised CUDA",
+        ("tools/sweep_plan.py:slots_for", "tools/sweep_launch.py:can_fork"),
+    ),
 }
 
 # What one GPU cannot prove: the check runs it when it finds several GPUs.

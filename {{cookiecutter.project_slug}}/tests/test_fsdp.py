@@ -413,7 +413,10 @@ def test_under_fsdp_a_bad_init_from_on_rank_0_stops_every_rank_with_one_line(tmp
     proc, raised = fail_on_rank_0(tmp_path, "bad")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no tensor fits this model" in errors[0], proc.stderr[-3000:]
-    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]  # both ranks
+    # Rank 0's exit 2; rank 1's too, unless torchrun's monitor saw rank 0 end first and sent
+    # it SIGTERM while it exited (1 run in 6 on 2 busy cores, before and after 2026-12-06).
+    # What proves that rank 1 did not wait for the weights is that it raised the same error.
+    assert proc.stderr.count("exitcode  : 2") >= 1, proc.stderr[-3000:]
     assert raised == ["CheckpointError", "CheckpointError"]
 
 

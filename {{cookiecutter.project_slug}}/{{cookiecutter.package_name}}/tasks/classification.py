@@ -32,28 +32,31 @@ class Options:
     threshold: float | str = 0.5
 
     def checks(self):
-        weights = self.class_weights
-        values = list(weights.values()) if isinstance(weights, dict) else weights
         return [
             ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
             (
                 "class_weights",
-                weights in ("none", "auto")
-                or (
-                    not isinstance(weights, str)
-                    and len(values) > 0
-                    and all(math.isfinite(w) and w >= 0 for w in values)
-                    and any(w > 0 for w in values)
-                ),
+                weights_ok(self.class_weights, zero_ok=True),
                 "none, auto, a list of weights >= 0 or a mapping {class name: weight}",
             ),
-            (
-                "threshold",
-                self.threshold == "auto"
-                or (not isinstance(self.threshold, str) and 0 <= self.threshold <= 1),
-                "a probability in [0, 1] or auto",
-            ),
+            threshold_check(self.threshold),
         ]
+
+
+def weights_ok(weights, zero_ok: bool) -> bool:
+    """none, auto, or a non-empty list / mapping of finite weights > 0 (>= 0 with `zero_ok`,
+    not all zero): task.class_weights, multi-label's task.pos_weight."""
+    if isinstance(weights, str):
+        return weights in ("none", "auto")
+    values = list(weights.values()) if isinstance(weights, dict) else list(weights)
+    fits = all(math.isfinite(w) and (w >= 0 if zero_ok else w > 0) for w in values)
+    return bool(values) and fits and any(w > 0 for w in values)
+
+
+def threshold_check(threshold) -> tuple[str, bool, str]:
+    """Options.checks' entry for a task.threshold: a probability, or auto (tuned)."""
+    ok = threshold == "auto" or (not isinstance(threshold, str) and 0 <= threshold <= 1)
+    return ("threshold", ok, "a probability in [0, 1] or auto")
 
 
 class Classification:

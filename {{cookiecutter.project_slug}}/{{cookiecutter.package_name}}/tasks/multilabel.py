@@ -29,6 +29,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..utils.device import sums_dtype
 from . import ranking
+from .classification import in_order, threshold_check, weights_ok
 
 
 @dataclass
@@ -42,25 +43,13 @@ class Options:
     threshold: float | str = 0.5
 
     def checks(self):
-        weights = self.pos_weight
-        values = list(weights.values()) if isinstance(weights, dict) else weights
         return [
             (
                 "pos_weight",
-                weights in ("none", "auto")
-                or (
-                    not isinstance(weights, str)
-                    and len(values) > 0
-                    and all(math.isfinite(w) and w > 0 for w in values)
-                ),
+                weights_ok(self.pos_weight, zero_ok=False),
                 "none, auto, a list of weights > 0 or a mapping {label name: weight}",
             ),
-            (
-                "threshold",
-                self.threshold == "auto"
-                or (not isinstance(self.threshold, str) and 0 <= self.threshold <= 1),
-                "a probability in [0, 1] or auto",
-            ),
+            threshold_check(self.threshold),
         ]
 
 
@@ -211,7 +200,6 @@ class MultiLabel:
 def pos_weights(option, names: list[str], meta: dict) -> list[float] | None:
     """task.pos_weight per label, or None: `auto` is negatives / positives of the training
     split's labels (data meta: the same on resume and in evaluation)."""
-    k = len(names)
     if option == "none":
         return None
     if option == "auto":
@@ -222,16 +210,4 @@ def pos_weights(option, names: list[str], meta: dict) -> list[float] | None:
                 "dataset does not provide (no label tensor y); give the weights as a list"
             )
         return [(rows - p) / p if p > 0 else 1.0 for p in positives]
-    if isinstance(option, dict):
-        unknown = [n for n in option if n not in names]
-        missing = [n for n in names if n not in option]
-        if unknown or missing:
-            wrong = f"{unknown} are not labels" if unknown else f"{missing} have no weight"
-            raise ConfigError(f"task.pos_weight: {wrong}; give a weight for each label of {names}")
-        option = [option[n] for n in names]
-    if len(option) != k:
-        raise ConfigError(
-            f"task.pos_weight has {len(option)} weights for the {k} labels {names}; give one "
-            "per label, in this order, or a mapping {label name: weight}"
-        )
-    return [float(w) for w in option]
+    return in_order(option, names, "task.pos_weight", ("label", "labels"))

@@ -102,7 +102,7 @@ class Regression:
             "count": int(count),
         }
 
-    # What predict.py writes and an exported artifact computes and promises.
+    # What an exported artifact computes and promises (predict.py writes decode's values).
     def head(self) -> nn.Module:
         return Unstandardise(self.mean.float(), self.std.float())  # decode, in float32
 
@@ -117,14 +117,6 @@ class Regression:
             "inside)",
             "targets": self.target_names(),
         }
-
-    def columns(self) -> list[str]:
-        k = self.num_outputs
-        return ["prediction"] if k == 1 else [f"prediction_{i}" for i in range(k)]
-
-    def rows(self, values: torch.Tensor) -> list[list]:
-        """predict.py's rows: the values in the targets' units (decode's output)."""
-        return [[round(v, 6) for v in row] for row in values.view(len(values), -1).tolist()]
 
 
 class Unstandardise(nn.Module):

@@ -81,14 +81,13 @@ def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, lis
         values.append([_number(row[i], name, line, header[i]) for i in columns])
     x = torch.tensor(values, dtype=torch.float32)
     x = (x - torch.tensor(meta["mean"])) / torch.tensor(meta["std"])
-    label = meta.get("label")
+    label, ids = meta.get("label"), [f"{path}:{i + 2}" for i in range(len(rows))]  # file:line
     if isinstance(meta.get("labels"), list):  # multi-label: each row's labels, joined
-        labels = table_labels(header, rows, meta, path)
-    else:
-        labels = [row[at[label]].strip() for row in rows] if label in at else None
-    if labels is not None and not isinstance(meta.get("labels"), list):
+        return ids, x, table_labels(header, rows, meta, path)
+    labels = [row[at[label]].strip() for row in rows] if label in at else None
+    if labels is not None:
         _check_labels(labels, meta.get("classes"), name, label)
-    return [f"{path}:{i + 2}" for i in range(len(rows))], x, labels  # ids: file:line
+    return ids, x, labels
 
 
 def _number(text: str, name: str, line: int, column: str) -> float:

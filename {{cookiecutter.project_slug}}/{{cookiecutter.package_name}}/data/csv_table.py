@@ -33,7 +33,7 @@ import torch
 
 from ..errors import ConfigError
 from .in_memory import InMemoryDataset, mean_and_std
-from .label_sets import is_number, label_columns, label_matrix, label_names
+from .label_sets import is_number, label_columns, label_matrix, label_names, sorted_names
 
 
 @dataclass
@@ -94,7 +94,7 @@ class CSVTable(InMemoryDataset):
             train_labels = (
                 labels if split != "val" else read_table(Path(opts.path), "data.path", opts)[2]
             )
-            self.classes = _sorted_names(train_labels)
+            self.classes = sorted_names(train_labels)
             self.y = _class_ids(labels, self.classes, path, opts.label)
             self.num_classes = len(self.classes)
         self.meta = {"features": self.features, "label": opts.label, "classes": self.classes}
@@ -243,12 +243,6 @@ def _rows(path: Path, key: str) -> list[list[str]]:
 def _listed(names: list[str], limit: int = 20) -> str:
     shown = ", ".join(names[:limit])
     return shown if len(names) <= limit else f"{shown}, ... ({len(names):,} in all)"
-
-
-def _sorted_names(labels: list[str]) -> list[str]:
-    names = set(labels)
-    numeric = all(is_number(n) for n in names)
-    return sorted(names, key=float) if numeric else sorted(names)
 
 
 def _class_ids(labels: list[str], classes: list[str], path: Path, column: str) -> torch.Tensor:

@@ -21,6 +21,14 @@ def is_number(text: str) -> bool:
     return True
 
 
+def sorted_names(labels) -> list[str]:
+    """The distinct names of `labels`, in numeric order where all are numbers (2 before 10),
+    else in text order: the order of a table's classes, and of its labels."""
+    names = set(labels)
+    numeric = all(is_number(n) for n in names)
+    return sorted(names, key=float) if numeric else sorted(names)
+
+
 def label_columns(opts) -> list[str]:
     """The label column(s): data.label, a list of columns or one column."""
     return [opts.label] if isinstance(opts.label, str) else list(opts.label)
@@ -34,8 +42,9 @@ def label_names(labels: list, opts) -> list[str]:
     in its one label column (joined by data.label_sep)."""
     if not isinstance(opts.label, str):
         return list(opts.label)
-    names = {n.strip() for text in labels for n in text.split(opts.label_sep) if n.strip()}
-    return sorted(names, key=float) if names and all(map(is_number, names)) else sorted(names)
+    return sorted_names(
+        n.strip() for text in labels for n in text.split(opts.label_sep) if n.strip()
+    )
 
 
 def label_matrix(labels: list, names: list[str], path: Path, opts) -> torch.Tensor:

@@ -46,10 +46,10 @@ import sys
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from {{ cookiecutter.package_name }} import loop, trainer
+from {{ cookiecutter.package_name }} import loop, parallel, trainer
 from {{ cookiecutter.package_name }}.tools.train import train_main
 
-fit, DDP = trainer.fit, trainer.DistributedDataParallel
+fit, DDP = trainer.fit, parallel.DistributedDataParallel
 allreduces = []
 read_losses, stop_after = loop.read_losses, int(os.environ.get("STOP_AFTER", 0))
 
@@ -85,7 +85,7 @@ def fit_and_dump(cfg):
     return result
 
 
-trainer.fit, trainer.DistributedDataParallel = fit_and_dump, CountingDDP
+trainer.fit, parallel.DistributedDataParallel = fit_and_dump, CountingDDP
 loop.read_losses = stopping
 code = train_main(sys.argv[2:])
 raise SystemExit(0 if stop_after and code == 75 else code)  # 75: stopped as asked

@@ -2,8 +2,7 @@
 early stopping or a stop (a signal, train.max_steps), which saves where it is, mid-epoch too.
 
 trainer.train() builds what the loop works on: a Loop of the run's Data (data, task), its
-Trainee (model, optimizer, schedule) and where it stands (Progress).
-"""
+Trainee (model, optimizer, schedule) and where it stands (Progress)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from . import checkpoint, distributed, parallel
+from . import checkpoint, distributed, finetune, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config
 from .data import set_epoch
@@ -85,8 +84,10 @@ def run_epochs(loop: Loop, ckpts: CheckpointManager) -> tuple[dict, str | None]:
     cfg, progress = loop.cfg, loop.progress
     metrics = {}
     for epoch in range(progress.epoch, cfg.train.epochs):
-        progress.epoch = epoch
+        progress.epoch, t = epoch, loop.trainee
         set_epoch(loop.data.train_loader, epoch, start=progress.epoch_samples)
+        if finetune.set_epoch(t.model, cfg.train, epoch, cfg.model.name):  # frozen or not
+            t.ddp, t.net = parallel.wrap(t.model, cfg.train, loop.dist.world_size, loop.device)
         start = time.perf_counter()
         stats, stopped = train_one_epoch(loop)
         train_time = time.perf_counter() - start
@@ -111,9 +112,8 @@ def validate_and_save(
     best_metric, best_mode = cfg.best()
     # Every rank evaluates the BatchNorm statistics it saves.
     distributed.sync_buffers(loop.trainee.model)
-    metrics = evaluate(
-        loop.trainee.model, loop.data.val_loader, loop.data.task, loop.device, cfg.train.amp
-    )
+    data = loop.data
+    metrics = evaluate(loop.trainee.model, data.val_loader, data.task, loop.device, cfg.train.amp)
     if stats["finished"]:
         progress.epoch, progress.epoch_samples = progress.epoch + 1, 0
     # A part of an epoch is no epoch for early stopping; a resume continues that epoch.
@@ -139,7 +139,7 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
     reason."""
     cfg, progress, accum = loop.cfg, loop.progress, loop.cfg.train.grad_accum_steps
     loader = loop.data.train_loader
-    loop.trainee.net.train()
+    finetune.train_mode(loop.trainee.net, loop.trainee.model, cfg.train, progress.epoch)
     done = progress.epoch_samples // loop.data.effective_batch  # steps this epoch before a resume
     micro_left = len(loader)  # the micro-batches left in this epoch (the loader starts there)
     steps_left = min(loop.data.steps_per_epoch - done, -(-micro_left // accum))

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
+from .finetune import param_groups
 
 
 def scaled_lr(cfg: TrainConfig, effective_batch: int) -> float:
@@ -16,15 +17,15 @@ def scaled_lr(cfg: TrainConfig, effective_batch: int) -> float:
     return cfg.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[cfg.lr_scaling]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float, fused: bool):
+def build_optimizer(
+    model: nn.Module, cfg: TrainConfig, lr: float, fused: bool, model_name: str = "this model"
+):
     """AdamW; `fused` runs one kernel for all parameters (CUDA and CPU), ~4x faster than the
-    per-tensor loop."""
-    # No weight decay on biases and norm weights (1-D tensors): decaying them only hurts.
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    per-tensor loop. No weight decay on biases and norm weights (1-D tensors): decaying them
+    only hurts. A fine-tuned backbone's groups run at train.backbone_lr_ratio x lr."""
+    groups = param_groups(model, cfg, model_name)
+    for group in groups:
+        group["lr"] = lr * group["lr_ratio"]
     return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
 
 
@@ -104,11 +105,15 @@ def continue_schedule(
     ended = plan.total if plan.total <= step < total_steps else None  # extended past its end
     if (plan.total, plan.floor) != (total_steps, cfg.min_lr_ratio):
         plan.replan(step, total_steps, cfg.min_lr_ratio)
-    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
-    for group in optimizer.param_groups:
-        group["initial_lr"] = lr
-        group["lr"] = lr * plan(step)
-    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay  # the decayed group, see above
+    for i, group in enumerate(optimizer.param_groups):
+        # A backbone's groups keep their ratio of the peak lr (finetune.py), changed or not.
+        if group.get("part") == "backbone":
+            group["lr_ratio"] = cfg.backbone_lr_ratio
+        group["initial_lr"] = lr * group.get("lr_ratio", 1.0)
+        group["lr"] = group["initial_lr"] * plan(step)
+        if group.get("decay", i == 0):  # the decayed groups, see build_optimizer
+            group["weight_decay"] = cfg.weight_decay
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     if ended is None:
         return None

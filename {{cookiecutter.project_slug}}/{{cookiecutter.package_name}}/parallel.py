@@ -165,6 +165,16 @@ def _shard_batch_norms(model: nn.Module, options: dict) -> None:
             fully_shard(module, **{**options, "mp_policy": fp32})
 
 
+def wrap(model: nn.Module, train: TrainConfig, ranks: int, device: torch.device) -> tuple:
+    """(ddp, net): `model` in DistributedDataParallel on several ranks (fsdp models are sharded
+    already), and what the forward pass calls, compiled when train.compile. Built again when
+    the trainable parameters change (finetune.set_epoch): ddp syncs those it was built with."""
+    ddp, ids = model, [device] if device.type == "cuda" else None
+    if ranks > 1 and not is_sharded(model):
+        ddp = DistributedDataParallel(model, device_ids=ids)
+    return ddp, torch.compile(ddp) if train.compile else ddp
+
+
 def even_batches(loader, model: nn.Module, device: torch.device):
     """`loader`, or under fsdp a loader that yields as many batches on every rank (a
     collective: every rank calls it). Under fsdp each forward pass is a collective (a block

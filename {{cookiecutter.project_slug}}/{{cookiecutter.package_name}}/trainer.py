@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, parallel
+from . import checkpoint, distributed, finetune, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config, to_dict
 from .data import build_datasets, build_loader, close_loader, example_batch, source_of
@@ -91,7 +90,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
                 stopped = None if done == "finished" else done
                 return result(progress, progress.metrics, stopped, trainee.model)
         distributed.barrier()  # every rank has checked and loaded before rank 0 writes
-        distribute(cfg, dist, device, trainee)
+        distribute(cfg, dist, device, trainee, progress.epoch)
         if dist.is_main:
             log = open_run_folder(cfg, ckpts, progress.step, (state or {}).get("trackers"))
             announce(cfg, dist, device, data, trainee, threads, progress.step if state else None)
@@ -207,7 +206,8 @@ def build_trainee(
     model = build_net(cfg, data, device, dist, resumed_from)
     data.val_loader = parallel.even_batches(data.val_loader, model, device)  # fsdp: in lockstep
     lr = scaled_lr(cfg.train, data.effective_batch)
-    optimizer = build_optimizer(model, cfg.train, lr, fused=device.type in ("cuda", "cpu"))
+    fused = device.type in ("cuda", "cpu")
+    optimizer = build_optimizer(model, cfg.train, lr, fused, cfg.model.name)
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)
     scheduler = build_scheduler(optimizer, cfg.train, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
@@ -236,14 +236,11 @@ def report_complete(cfg: Config, dist: DistInfo, progress: Progress, reason: str
         print(summary(cfg, progress, reason, meta))
 
 
-def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Trainee) -> None:
-    """What the forward pass calls: the model in DistributedDataParallel on several ranks
-    (fsdp models are sharded already), compiled when train.compile."""
-    ddp = trainee.model
-    if dist.world_size > 1 and not parallel.is_sharded(ddp):
-        ddp = DistributedDataParallel(ddp, device_ids=[device] if device.type == "cuda" else None)
-    trainee.ddp = ddp
-    trainee.net = torch.compile(ddp) if cfg.train.compile else ddp
+def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Trainee, epoch: int):
+    """What the forward pass calls: the backbone frozen or not for `epoch` (finetune.py), the
+    model in DistributedDataParallel on several ranks, compiled when train.compile."""
+    finetune.set_epoch(trainee.model, cfg.train, epoch, cfg.model.name)
+    trainee.ddp, trainee.net = parallel.wrap(trainee.model, cfg.train, dist.world_size, device)
 
 
 def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resumed_at):

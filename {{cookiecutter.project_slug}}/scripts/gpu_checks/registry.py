@@ -64,13 +64,13 @@ CUDA_PATHS = {
         "DIST_BACKEND=gloo: ranks sharing a GPU",
         ("distributed.py:gloo_on_cuda", "distributed.py:join"),
     ),
-    "ddp": ("DistributedDataParallel on GPUs (device_ids), no_sync", ("trainer.py:distribute",)),
+    "ddp": ("DistributedDataParallel on GPUs (device_ids), no_sync", ("parallel.py:wrap",)),
     "sync_bn": ("SyncBatchNorm (GPUs only)", ("parallel.py:replica",)),
     "fsdp": (
         "fsdp on GPUs: built on meta, shards from rank 0's host copy, mixed precision, offload",
         ("parallel.py:shard", "parallel.py:check_device"),
     ),
-    "compile": ("torch.compile on a GPU (inductor, triton)", ("trainer.py:distribute",)),
+    "compile": ("torch.compile on a GPU (inductor, triton)", ("parallel.py:wrap",)),
     "inference": (
         "evaluate.py and predict.py --device cuda on a CUDA checkpoint",
         (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import distributed
+from .. import distributed, finetune
 from ..config import Config, flatten, to_dict
 from ..data import set_epoch
 from ..distributed import DistInfo
@@ -83,7 +83,23 @@ def changes(state: dict, cfg: Config) -> list[str]:
                 f"it: drop the override, or start a new run (run.name=<new name>)"
             )
         out.append(f"{key} {old[key]} -> {value}")
+    check_finetune_terms(state, cfg)
     return out
+
+
+def check_finetune_terms(state: dict, cfg: Config) -> None:
+    """The optimizer's groups set head and backbone apart when the run fine-tunes
+    (finetune.used): a resume cannot turn that on or off, only change its values."""
+    saved = state["config"].get("train", {})
+    keys = ("freeze_epochs", "backbone_lr_ratio", "bn_frozen")
+    before = dataclasses.replace(cfg.train, **{k: saved[k] for k in keys if k in saved})
+    if finetune.used(before) != finetune.used(cfg.train):
+        now = "sets head and backbone apart" if finetune.used(cfg.train) else "does not"
+        raise ConfigError(
+            f"train.freeze_epochs/backbone_lr_ratio/bn_frozen: this run {now}, its checkpoint "
+            "the other way; drop the override, or start a new run from its weights "
+            "(run.name=<new name> train.init_from=<its checkpoint>)"
+        )
 
 
 def _grouped(flat: dict) -> dict:

@@ -82,6 +82,12 @@ class TrainConfig:
     max_steps: int = 0  # end the run (validated) and the lr schedule here; 0 = all epochs
     resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)
+    # Fine-tuning (finetune.py): the backbone, all but the model's head, is frozen for the
+    # first freeze_epochs epochs (-1 = all: a linear probe), then trains at backbone_lr_ratio
+    # x the head's lr; its BatchNorm statistics stay fixed while it is frozen, or always.
+    freeze_epochs: int = 0
+    backbone_lr_ratio: float = 1.0
+    bn_frozen: Literal["with_backbone", "always"] = "with_backbone"
     keep_last: int = 2  # step checkpoints kept besides best.pt
     best_metric: str = "auto"  # validation metric that picks best.pt; auto: the task's first
     best_mode: Literal["auto", "max", "min"] = "auto"  # auto: the metric's own (acc max, loss min)

@@ -25,6 +25,8 @@ def validate(cfg: Config) -> None:
         ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
         ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
         ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
+        ("train.freeze_epochs", cfg.train.freeze_epochs >= -1, ">= 0, or -1 (always frozen)"),
+        ("train.backbone_lr_ratio", 0 < cfg.train.backbone_lr_ratio <= 10, "in (0, 10]"),
         ("train.early_stop_patience", cfg.train.early_stop_patience >= 0, ">= 0 (0 = off)"),
         (
             "train.early_stop_min_delta",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import signal
 import subprocess
@@ -158,6 +159,15 @@ def _single_process(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     torch.use_deterministic_algorithms(False)
+
+
+def needs(module: str):
+    """An optional library a feature's tests need (torchvision, timm): skipped where it is not
+    installed, but an error where $REQUIRE_EXTRAS names it (CI's environment for the extra),
+    so a broken install cannot pass as skipped."""
+    if module in os.environ.get("REQUIRE_EXTRAS", "").split(","):
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"the optional {module} is not installed")
 
 
 def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path = ROOT):

@@ -95,7 +95,7 @@ def test_bad_layouts_are_named_in_one_line(tmp_path, layout, message):
     [
         ("data.mean=0.5,0.5", "data.mean must be 3 comma-separated numbers (R,G,B) or one number"),
         ("data.std=0", "data.std must be 3 numbers > 0 (R,G,B) or one, got '0'"),
-        ("data.image_size=2", "data.image_size must be >= 4, got 2"),
+        ("data.image_size=2", "data.image_size must be >= 4, or 0 (auto), got 2"),
     ],
 )
 def test_bad_options_are_refused_with_their_rule(override, message):

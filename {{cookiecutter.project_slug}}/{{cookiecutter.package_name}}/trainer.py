@@ -25,7 +25,7 @@ from .data import build_datasets, build_loader, close_loader, example_batch, sou
 from .distributed import DistInfo
 from .errors import EXIT_STOPPED, ConfigError
 from .loop import Data, Loop, NonFiniteLoss, Trainee, run_epochs
-from .models import build_model, model_io
+from .models import architecture, build_model, model_io, preprocessing
 from .optim import (
     build_optimizer,
     build_scheduler,
@@ -126,7 +126,8 @@ def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
 def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
     """(train set, val set, data meta, task): the task sizes the model's output from the data.
     `meta`: a checkpoint's, for evaluation; `like`: the one a run continues (build_loaders)."""
-    train_set, val_set, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets, meta, like)
+    targets, prep = TASKS[cfg.task.name].targets, preprocessing(cfg.model)
+    train_set, val_set, meta = build_datasets(cfg.data, targets, meta, like, prep)
     return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta, cfg.best())
 
 
@@ -179,10 +180,14 @@ def build_net(
     """The model of cfg.model for this data and task, on `device` as train.strategy holds it
     (parallel.py), with fine-tuning weights unless the run resumes from `resumed_from`."""
     example, task = data.example, data.task
+    shape = (example, task.num_outputs)
 
     def full() -> nn.Module:  # on the CPU, tried with the task on a batch (tasks/protocol.py)
-        model = build_model(cfg.model, example, task.num_outputs)
+        # A resumed run's weights are in its checkpoint: a zoo model's are not read again.
+        model = build_model(architecture(cfg.model) if resumed_from else cfg.model, *shape)
         check_task(task, model, example, data.example_y)
+        if dist.is_main and getattr(model, "weights_note", None) and not resumed_from:
+            print(model.weights_note)  # a zoo model's pretrained tensors loaded and new
         if cfg.train.init_from and resumed_from:
             if dist.is_main:  # the run's own checkpoint holds the weights to continue
                 print(f"train.init_from is not used: the run resumes from {resumed_from}")
@@ -193,8 +198,10 @@ def build_net(
         return model
 
     if cfg.train.strategy == "fsdp":  # rank 0 builds it in host memory; each rank its shards
-        shape = functools.partial(build_model, cfg.model, example.to("meta"), task.num_outputs)
-        return parallel.shard(shape, full, cfg.train, device)
+        layout = functools.partial(
+            build_model, architecture(cfg.model), example.to("meta"), task.num_outputs
+        )
+        return parallel.shard(layout, full, cfg.train, device)
     return parallel.replica(full(), cfg.train, device, dist.world_size)
 
 

@@ -54,16 +54,19 @@ DATASETS = {
 }
 
 
-def build_datasets(cfg, targets: str, meta: dict | None = None, like: dict | None = None):
+def build_datasets(cfg, targets: str, meta=None, like=None, prep: dict | None = None):
     """(train, val, meta) for cfg (the config's data section): the dataset's own splits, or a
     held-out part of its one pool, or k folds. `targets` ("class", "value", "tokens") is what
     the task needs; `meta` (from a checkpoint) makes evaluation use the training run's
     preprocessing and split. `like`: the meta of a checkpoint that a run resumes or
-    fine-tunes, whose inputs these must match (`meta` where given; see match_inputs)."""
+    fine-tunes, whose inputs these must match (`meta` where given; see match_inputs). `prep`:
+    a pretrained model's preprocessing, for the options left at auto (models.preprocessing)."""
     source = DATASETS[cfg.name]
     opts = cfg.options
     if getattr(opts, "targets", None) == "auto":  # e.g. a CSV's label column: the task decides
         opts = replace(opts, targets=targets)
+    if prep and hasattr(source, "from_model"):  # a pretrained model's input size, mean, std
+        opts = source.from_model(opts, prep)
     own_val = getattr(source, "has_val_split", lambda _: True)(opts)
     saved, like = meta, meta if meta is not None else like
     if own_val and cfg.folds < 2:

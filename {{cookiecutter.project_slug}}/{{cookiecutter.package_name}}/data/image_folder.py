@@ -28,17 +28,20 @@ is augmented the same way whichever worker reads it, and a resumed run draws as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError, first_line
+from ..errors import ConfigError
+from .image_decode import decode, pillow
 from .label_sets import image_labels
 
+# How images are read for models trained here (the options' auto without a pretrained model).
+OWN = {"image_size": 32, "interpolation": "bilinear", "mean": "0.5", "std": "0.5"}
 EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
 LAYOUT = "root/<class>/*.png, or root/train/<class>/ and root/val/<class>/"
 
@@ -46,15 +49,22 @@ LAYOUT = "root/<class>/*.png, or root/train/<class>/ and root/val/<class>/"
 @dataclass
 class Options:
     root: str = "data/images"  # class folders, or train/ and val/ folders of class folders
-    image_size: int = 32  # every image is resized to image_size x image_size
+    # Every image becomes image_size x image_size. auto (0, "auto") takes a pretrained model's
+    # own preprocessing (model.name=timm or torchvision: e.g. 224, crop 0.875, bilinear,
+    # ImageNet's mean and std), else 32 px, the whole image squashed, bilinear, mean/std 0.5.
+    image_size: int = 0
+    # In (0, 1]: resize the short side to image_size / crop_pct, then take the centre square;
+    # 0 = auto (the model's, or the whole image squashed to the square)
+    crop_pct: float = 0.0
+    interpolation: Literal["auto", "bilinear", "bicubic", "nearest"] = "auto"
     # Random shifts (and flips, below) of the training images. They cost loader throughput
     # (README: Your data): data.augment=false when the loader is what limits training.
     augment: bool = True
     hflip: bool = True  # augment with mirror images too; off when left/right matters (text)
-    # 0.5 maps [0, 1] to [-1, 1]: the models here train from scratch, so centring is enough;
-    # use ImageNet's 0.485,0.456,0.406 / 0.229,0.224,0.225 for a network pretrained on it.
-    mean: str = "0.5,0.5,0.5"  # per channel (R,G,B), or one number for all three
-    std: str = "0.5,0.5,0.5"  # per channel (R,G,B), or one number for all three
+    # Per channel (R,G,B), or one number for all three; auto: the pretrained model's, else 0.5
+    # (which maps [0, 1] to [-1, 1]: for models trained from scratch, centring is enough)
+    mean: str = "auto"
+    std: str = "auto"
     # Held-out test images in class folders, never trained on nor used to choose best.pt;
     # "" = root/test when it exists (so no class may be named "test")
     test_root: str = ""
@@ -65,7 +75,8 @@ class Options:
     def checks(self):
         mean, std = _per_channel(self.mean), _per_channel(self.std)
         return [
-            ("image_size", self.image_size >= 4, ">= 4"),
+            ("image_size", self.image_size == 0 or self.image_size >= 4, ">= 4, or 0 (auto)"),
+            ("crop_pct", 0 <= self.crop_pct <= 1, "in (0, 1], or 0 (auto)"),
             ("mean", mean is not None, "3 comma-separated numbers (R,G,B) or one number"),
             ("std", std is not None and min(std) > 0, "3 numbers > 0 (R,G,B) or one"),
         ]
@@ -79,6 +90,16 @@ class ImageFolder(Dataset):
     def has_val_split(opts: Options) -> bool:
         root = Path(opts.root)
         return not opts.labels and (root / "train").is_dir() and (root / "val").is_dir()
+
+    @staticmethod
+    def from_model(opts: Options, prep: dict) -> Options:
+        """`opts` with what is left at auto taken from a pretrained model's preprocessing
+        (models.preprocessing: image_size, crop_pct, interpolation, mean, std)."""
+        auto = {k: v for k, v in prep.items() if getattr(opts, k, None) in (0, "auto")}
+        for key in ("mean", "std"):
+            if key in auto:
+                auto[key] = ",".join(f"{v:g}" for v in auto[key])
+        return replace(opts, **auto)
 
     test_option = "test_root"  # the option evaluate.py --data sets (data.build_test_set)
 
@@ -120,7 +141,10 @@ class ImageFolder(Dataset):
     def _finish(self, opts: Options, split: str) -> None:
         # Which samples are augmented: the training rows, which prepare() is told.
         self.augmented = torch.full((len(self.files),), opts.augment and split == "train")
-        self.size = opts.image_size
+        self.size = opts.image_size or OWN["image_size"]
+        self.crop_pct = opts.crop_pct or None  # None: squash the whole image
+        auto = opts.interpolation == "auto"
+        self.interpolation = OWN["interpolation"] if auto else opts.interpolation
         self.mean = torch.tensor(_per_channel(opts.mean)).view(3, 1, 1)
         self.std = torch.tensor(_per_channel(opts.std)).view(3, 1, 1)
         self.meta = self._meta()
@@ -130,6 +154,8 @@ class ImageFolder(Dataset):
             "classes": self.classes,
             **({"labels": self.label_names} if self.label_names is not None else {}),
             "image_size": self.size,
+            "crop_pct": self.crop_pct,
+            "interpolation": self.interpolation,
             "mean": self.mean.flatten().tolist(),
             "std": self.std.flatten().tolist(),
         }
@@ -148,6 +174,8 @@ class ImageFolder(Dataset):
                     f"training run had {meta.get('classes')}; evaluate on the same classes"
                 )
             self.size = meta["image_size"]
+            self.crop_pct = meta.get("crop_pct")  # checkpoints before it: squashed, bilinear
+            self.interpolation = meta.get("interpolation", "bilinear")
             self.mean = torch.tensor(meta["mean"]).view(3, 1, 1)
             self.std = torch.tensor(meta["std"]).view(3, 1, 1)
             self.meta = self._meta()
@@ -159,7 +187,7 @@ class ImageFolder(Dataset):
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         # (index, seed) from the training loader: the augmentation depends on the seed alone.
         i, seed = item if isinstance(item, tuple) else (item, None)
-        x = decode(self.files[i], self.size)  # (3, S, S) in [0, 1]
+        x = decode(self.files[i], self.size, self.crop_pct, self.interpolation)  # (3, S, S)
         if self.augmented[i]:
             g = torch.Generator().manual_seed(seed) if seed is not None else None
             x = self._augment(x, g)
@@ -174,35 +202,6 @@ class ImageFolder(Dataset):
         if self.opts.hflip and torch.rand((), generator=g) < 0.5:
             x = x.flip(-1)
         return x.contiguous()
-
-
-def pillow():
-    """Pillow, an optional dependency: only image folders need it."""
-    try:
-        import PIL.Image
-    except ImportError:
-        raise ConfigError(
-            "data.name=image_folder needs Pillow: pip install pillow (or pip install -e "
-            "'.[images]')"
-        ) from None
-    return PIL.Image
-
-
-def decode(path: Path, size: int) -> torch.Tensor:
-    """The image at `path` as RGB floats in [0, 1], (3, size, size)."""
-    Image = pillow()
-    try:
-        with Image.open(path) as image:
-            image = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
-            pixels = np.array(image)  # (S, S, 3) uint8, a writable copy
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        # Pillow's "cannot identify image file '<path>'" would name the path twice.
-        unknown = isinstance(exc, Image.UnidentifiedImageError)
-        reason = "not an image format Pillow reads" if unknown else first_line(exc, 80)
-        raise ConfigError(
-            f"image file {str(path)!r} cannot be decoded ({reason}); remove or replace it"
-        ) from None
-    return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255)
 
 
 def class_names(folder: Path, skip: str = "") -> list[str]:
@@ -262,7 +261,8 @@ def find_images(folder: Path, classes: list[str], must_have_all: bool, skip: str
 
 
 def _per_channel(text: str) -> list[float] | None:
-    """'0.5' or '0.5,0.4,0.3' as three numbers, or None when it is neither."""
+    """'0.5' or '0.5,0.4,0.3' as three numbers ("auto": OWN's), or None when it is neither."""
+    text = OWN["mean"] if text == "auto" else text  # OWN's mean and std are one number
     try:
         values = [float(v) for v in str(text).split(",")]
     except ValueError:

@@ -13,6 +13,7 @@ batch size giving an input they accept; tests/test_models.py feeds it.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -22,12 +23,31 @@ from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
 from .mlp import MLP
 from .transformer import Transformer
+from .zoo import Timm, Torchvision
 
 MODELS = {
     "cnn": SmallCNN,
     "mlp": MLP,
     "transformer": Transformer,
+    "timm": Timm,  # pretrained zoo models (optional libraries): models/zoo.py
+    "torchvision": Torchvision,
 }
+
+
+def architecture(cfg):
+    """cfg (the config's model section) without pretrained weights: for rebuilding a model
+    whose weights come from a checkpoint (a resume, evaluation, prediction, export), which
+    then needs neither the network nor the weights file."""
+    if getattr(cfg.options, "pretrained", False):
+        return replace(cfg, options=replace(cfg.options, pretrained=False))
+    return cfg
+
+
+def preprocessing(cfg) -> dict | None:
+    """How a pretrained model's weights expect their inputs (image size, crop, interpolation,
+    mean, std), for the data options left at auto; None for models trained from scratch."""
+    own = getattr(MODELS.get(cfg.name), "preprocessing", None)
+    return own(cfg.options) if own is not None else None
 
 
 def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
@@ -47,14 +67,14 @@ def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
     try:
         model = MODELS[cfg.name](shape, num_outputs, cfg.options)
         output = _try_forward(model, example)
-    except (RuntimeError, MemoryError, ValueError, IndexError) as exc:
+    except (RuntimeError, MemoryError, ValueError, IndexError, AssertionError) as exc:
         if is_out_of_memory(exc) or "overflow" in str(exc).lower():
             raise ConfigError(
                 f"{settings} with {num_outputs} outputs does not fit in memory "
                 f"({first_line(exc)}); lower {_size_keys(cfg)}"
             ) from exc
-        fixes = "change the model's options or the data"
-        if cfg.name != "mlp" and example.is_floating_point():
+        fixes = getattr(MODELS[cfg.name], "input_fix", "change the model's options or the data")
+        if cfg.name in ("cnn", "transformer") and example.is_floating_point():
             fixes += ", or use model.name=mlp, which takes inputs of any shape"
         raise ConfigError(
             f"{settings} cannot run on inputs of shape {shape} ({example.dtype}) from the "

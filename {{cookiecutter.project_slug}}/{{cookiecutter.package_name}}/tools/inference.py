@@ -25,7 +25,7 @@ from .. import checkpoint
 from ..config import Config, load_config
 from ..data import example_inputs
 from ..errors import ConfigError
-from ..models import build_model, example_of, model_io
+from ..models import architecture, build_model, example_of, model_io
 from ..tasks import TASKS, build_task
 from ..trainer import build_data
 from ..utils.device import check_amp
@@ -73,7 +73,7 @@ def load_trained(path: str, overrides: list[str] = ()) -> Trained:
     if not isinstance(io, dict):
         train_set, _, meta, task = build_data(cfg, meta or None)
         io = model_io(example_inputs(train_set), task.num_outputs)
-    model = build_model(cfg.model, example_of(io), io["num_outputs"])
+    model = build_model(architecture(cfg.model), example_of(io), io["num_outputs"])
     checkpoint.load_model_state(model, checkpoint.model_weights(state, path), path)
     step = (
         state.get("progress", {}).get("step") if isinstance(state.get("progress"), dict) else None

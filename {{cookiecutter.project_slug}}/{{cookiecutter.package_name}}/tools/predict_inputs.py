@@ -210,7 +210,8 @@ def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.T
         )
     mean = torch.tensor(meta["mean"]).view(-1, 1, 1)
     std = torch.tensor(meta["std"]).view(-1, 1, 1)
-    images = [(decode(path, size) - mean) / std for path in paths]  # (3, S, S) each
+    view = (meta.get("crop_pct"), meta.get("interpolation", "bilinear"))  # as trained
+    images = [(decode(path, size, *view) - mean) / std for path in paths]  # (3, S, S) each
     classes = set(trained.classes or ())
     labels = [p.parent.name if p.parent.name in classes else "" for p in paths]
     return [str(p) for p in paths], torch.stack(images), labels if classes else None

@@ -99,10 +99,13 @@ def input_units(meta: dict) -> str:
     if "features" in meta:
         return f"raw CSV columns {', '.join(meta['features'])} in this order, as numbers; {inside}"
     if "image_size" in meta and "mean" in meta:
-        size = meta["image_size"]
+        size, crop, how = meta["image_size"], meta.get("crop_pct"), meta.get("interpolation")
+        resize = f"resized to {size}x{size}"
+        if crop is not None:  # as torchvision's and timm's evaluation transforms
+            resize = f"short side resized to {round(size / crop)}, centre {size}x{size} cut out"
         return (
-            f"RGB images, channels first, resized to {size}x{size} (bilinear) and scaled to "
-            f"[0, 1] by the caller (resizing is not in the artifact); the normalisation (mean "
+            f"RGB images, channels first, {resize} ({how or 'bilinear'}) and scaled to [0, 1] "
+            f"by the caller (resizing is not in the artifact); the normalisation (mean "
             f"{meta['mean']}, std {meta['std']}) is inside the artifact"
         )
     if "vocab" in meta:

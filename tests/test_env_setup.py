@@ -67,6 +67,19 @@ def test_torch_index_variable_overrides(ce, compute, tmp_path, monkeypatch):
     assert ce.torch_index(compute, {ce.INDEX_ENV: "wheels"}) == str(tmp_path / "wheels")
 
 
+@pytest.mark.parametrize("manager", ["venv", "uv"])
+def test_the_vision_extra_gets_torchvision_in_torch_s_call_from_its_index(ce, manager):
+    """torchvision is built for one torch release: installed in the same resolver call, from
+    the same index, pip picks the pair; the extra's other packages (timm) come after."""
+    steps = {s.kind: s.cmd for s in ce.plan(manager, "cu128", "3.11", extras=("vision",))}
+    torch = steps["torch"]
+    assert torch[-2:] == ["torch>=2.6", "torchvision"]
+    assert "https://download.pytorch.org/whl/cu128" in torch
+    assert steps["install"][-2:] == ["-e", ".[dev,vision]"]
+    plain = {s.kind: s.cmd for s in ce.plan(manager, "cu128", "3.11")}
+    assert "torchvision" not in plain["torch"] and plain["install"][-1] == ".[dev]"
+
+
 def test_torch_requirement_comes_from_requirements_txt(ce, tmp_path):
     assert ce.torch_requirement() == "torch>=2.6"  # the template's requirements.txt
     assert ce.torch_requirement(tmp_path) == "torch"  # no requirements.txt

@@ -197,6 +197,7 @@ def plan(
     project: Path = PROJECT,
     environ: Mapping[str, str] = os.environ,
     exists: bool = False,
+    extras: tuple[str, ...] = (),
 ) -> list[Step]:
     """The exact commands, run from the project directory, that create the environment.
 
@@ -226,12 +227,15 @@ def plan(
     else:
         return []
     index = torch_index(compute, environ)
-    torch = [*install, *torch_source_args(index, uv=manager == "uv"), torch_requirement(project)]
+    # torchvision is built for one torch release: it comes in torch's call, from its index.
+    pair = [torch_requirement(project), *(["torchvision"] if "vision" in extras else [])]
+    torch = [*install, *torch_source_args(index, uv=manager == "uv"), *pair]
     steps = [] if exists else [Step("create", create)]
     steps.append(Step("torch", torch))
     if compute != "auto":
         steps.append(Step("check", [python, "-c", CHECK_BUILD, compute]))
-    steps.append(Step("install", [*install, "-r", "requirements.txt", "-e", ".[dev]"]))
+    wanted = ",".join(["dev", *extras])
+    steps.append(Step("install", [*install, "-r", "requirements.txt", "-e", f".[{wanted}]"]))
     return steps
 
 
@@ -314,7 +318,9 @@ def run_step(
     return False
 
 
-def create(manager: str, tool: str | None, compute: str, version: str, log: Path) -> bool:
+def create(
+    manager: str, tool: str | None, compute: str, version: str, log: Path, extras: tuple = ()
+) -> bool:
     """Create the environment; False when the tool is missing or a step failed."""
     if manager == "none":
         say("  environment: none requested (env_manager=none)")
@@ -323,7 +329,7 @@ def create(manager: str, tool: str | None, compute: str, version: str, log: Path
         where = "MAMBA_EXE, CONDA_EXE and PATH" if manager in CONDA_TOOLS else "PATH"
         say(f"  environment: {manager} not found (looked at {where}).")
         say("    create it later with (or: make env, once it is installed):")
-        for step in plan(manager, compute, version):
+        for step in plan(manager, compute, version, extras=extras):
             say(f"    {shlex.join(step.cmd)}")
         return False
     if manager == "venv" and find_python(version) is None:
@@ -337,7 +343,7 @@ def create(manager: str, tool: str | None, compute: str, version: str, log: Path
         f"  environment: {manager} -> {env_dir(manager)} (python {version}, "
         f"torch {compute} from {torch_source(index)})"
     )
-    for step in plan(manager, compute, version, tool=tool, exists=exists):
+    for step in plan(manager, compute, version, tool=tool, exists=exists, extras=extras):
         if run_step(shlex.join(step.cmd), step.cmd, log):
             continue
         if step.kind == "torch":
@@ -432,6 +438,12 @@ def parse_args(argv: list[str] | None, answers: dict) -> argparse.Namespace:
         ),
         help="Python version X.Y, for uv and venv (conda: see environment.yml)",
     )
+    parser.add_argument(
+        "--extras",
+        default="",
+        help="optional extras of pyproject.toml to install too, comma-separated (e.g. vision: "
+        "torchvision, installed beside torch from its index, and timm)",
+    )
     parser.add_argument("--smoke", action="store_true", help="then run scripts/smoke.py in it")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     return parser.parse_args(argv)
@@ -440,12 +452,13 @@ def parse_args(argv: list[str] | None, answers: dict) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, load_answers())
     manager, tool = resolve_manager(args.manager, args.python_version)
+    extras = tuple(e.strip() for e in args.extras.split(",") if e.strip())
     if args.dry_run:
-        for step in plan(manager, args.compute, args.python_version, tool=tool):
+        for step in plan(manager, args.compute, args.python_version, tool=tool, extras=extras):
             say(shlex.join(step.cmd))
         return 0
     log = PROJECT / LOG_NAME  # written only when a command runs
-    created = create(manager, tool, args.compute, args.python_version, log)
+    created = create(manager, tool, args.compute, args.python_version, log, extras)
     passed = smoke(manager, created, log) if args.smoke else True
     hint = next_step(manager, created)
     if hint:

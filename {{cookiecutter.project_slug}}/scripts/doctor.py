@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The diagnosis beside this script (also where this file is loaded by its path, as tests do).
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from doctor_checks import DEPS, diagnose  # noqa: E402
+from doctor_checks import DEPS, ZOO, diagnose  # noqa: E402
 
 TAG = "DOCTOR_JSON "
 
@@ -163,7 +163,7 @@ def gather_facts(root: Path = ROOT) -> dict:
         "smi": probe_nvidia_smi(),
         "cpu": probe_cpu(),
         "env": {k: os.environ[k] for k in names if k in os.environ},
-        "imports": probe_imports([*DEPS, *([package] if package else [])]),
+        "imports": probe_imports([*DEPS, *ZOO, *([package] if package else [])]),
         "package": package,
         "platform": sys.platform,
         "tf32": probe_tf32(root),

@@ -13,6 +13,7 @@ import re
 from typing import NamedTuple
 
 DEPS = ("numpy", "yaml", "tqdm", "tensorboard")
+ZOO = ("torchvision", "timm")  # optional: model.name=torchvision or timm (the [vision] extra)
 
 
 class Wheel(NamedTuple):
@@ -217,6 +218,32 @@ def diagnose_deps(f: dict) -> list[Check]:
     return checks + [pick(ok, f"package {pkg} imports", fix, "FAIL")]
 
 
+def diagnose_zoo(f: dict) -> list[Check]:
+    """torchvision is built for one torch release (0.(N+15) for 2.N): another pair fails at
+    import ("operator torchvision::nms does not exist") or at the first image op. timm
+    imports torchvision. Not installed is fine: only the zoo models need them."""
+    imports, torch = f["imports"], f["torch"]
+    ok, detail = imports.get("torchvision", (False, "ModuleNotFoundError"))
+    if not torch["ok"] or (not ok and detail.startswith("ModuleNotFoundError")):
+        return []  # a broken torch is the check above; a missing torchvision is fine
+    have = version(torch.get("version"))
+    want = f"0.{have[1] + 15}" if have and have[0] == 2 else None
+    pair = f"torch=={torch.get('version', '?').split('+')[0]} torchvision" + (
+        f"=={want}.*" if want else ""
+    )
+    fix = f"install the pair in one command from torch's index: pip install '{pair}'"
+    if not ok:
+        return [Check("FAIL", f"torchvision does not import ({detail}): {fix}")]
+    got = version(detail)
+    matched = want is None or (got is not None and f"{got[0]}.{got[1]}" == want)
+    msg = f"torchvision {detail} (torch {torch.get('version')} wants {want or 'its own'}.x)"
+    checks = [pick(matched, msg, f"{msg}: {fix}", "FAIL")]
+    ok, detail = imports.get("timm", (False, "ModuleNotFoundError"))
+    if not detail.startswith("ModuleNotFoundError"):
+        checks.append(pick(ok, f"timm {detail}", f"timm does not import ({detail}): {fix}"))
+    return checks
+
+
 def diagnose(f: dict) -> list[Check]:
     checks = diagnose_python(f) + diagnose_torch(f) + diagnose_cuda(f)
-    return checks + diagnose_cpu(f) + diagnose_deps(f)
+    return checks + diagnose_cpu(f) + diagnose_deps(f) + diagnose_zoo(f)

@@ -252,6 +252,29 @@ def test_missing_dependency_warns_and_missing_package_fails():
     assert "pip install -e ." in failures(checks)[0]
 
 
+NOT_THERE = (False, "ModuleNotFoundError: No module named 'torchvision'")
+
+
+@pytest.mark.parametrize(
+    "torchvision, timm, expected",
+    [
+        (NOT_THERE, NOT_THERE, []),  # the zoo is optional: nothing to say
+        ((True, "0.28.0+cu128"), NOT_THERE, ["ok"]),
+        ((True, "0.29.1"), NOT_THERE, ["FAIL"]),  # built for torch 2.14, not 2.13
+        ((False, "RuntimeError: operator torchvision::nms does not exist"), NOT_THERE, ["FAIL"]),
+        ((True, "0.28.0"), (False, "ImportError: cannot import name 'x'"), ["ok", "warn"]),
+    ],
+)
+def test_the_torch_torchvision_pair_is_checked_with_the_one_command_that_fixes_it(
+    torchvision, timm, expected
+):
+    imports = {**HEALTHY["imports"], "torchvision": torchvision, "timm": timm}
+    checks = diagnosis.diagnose_zoo(facts(imports=imports))
+    assert statuses(checks) == expected
+    for message in failures(checks):
+        assert "pip install 'torch==2.13.0 torchvision==0.28.*'" in message
+
+
 def test_parse_nvidia_smi():
     query = "570.86.15, NVIDIA H100 80GB HBM3, 81559 MiB\n" * 2
     header = "| NVIDIA-SMI 570.86.15    Driver Version: 570.86.15    CUDA Version: 12.8     |"

@@ -1,0 +1,61 @@
+"""The baked project's pretrained-model tests (tests/test_zoo.py: torchvision and timm) with
+the real libraries, in an environment of their own: torchvision is built for one torch release,
+and the one that installs here (0.29.1) needs torch 2.14.1, not the 2.13.0 CPU build the rest
+of CI uses. REQUIRE_EXTRAS makes a library that fails to import a failure, never a skip.
+
+Slow: pip takes the 2.14.1 build (a CUDA one, about 5.5 GB with its libraries; it runs on the
+CPU) from the machine's local wheel folder in about 90 s; the tests take about 30 s. Nothing
+else of the machine's environment is used: the package runs from the bake through PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+# The pair that imports together here, and what the zoo tests need beside it.
+PAIR = ["torch==2.14.1", "torchvision==0.29.1"]
+PACKAGES = ["timm", "numpy", "pyyaml", "tqdm", "tensorboard", "pytest", "pillow"]
+PACKAGES += ["safetensors", "onnx", "onnxscript", "onnxruntime"]
+SELECTION = ["tests/test_zoo.py"]
+
+
+def run(args: list, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
+
+
+@pytest.mark.slow
+def test_the_pretrained_model_tests_pass_with_the_real_libraries(bake, tmp_path):
+    project = bake()
+    venv = tmp_path / "zoo-venv"
+    # CI's PIP_CONSTRAINT pins torch 2.13.0, which torchvision 0.29 does not import beside.
+    env = {k: v for k, v in os.environ.items() if k not in ("PIP_CONSTRAINT", "VIRTUAL_ENV")}
+    try:
+        made = run([sys.executable, "-m", "venv", venv], env=env, timeout=120)
+        assert made.returncode == 0, made.stderr
+        python = venv / "bin" / "python"
+        install = [python, "-m", "pip", "install", "-q", "--retries", "0", *PAIR, *PACKAGES]
+        installed = run(install, env=env, timeout=900)
+        assert installed.returncode == 0, installed.stderr[-2000:]
+        tests = run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow"]
+            + ["-rs", *SELECTION],
+            cwd=project,
+            env={
+                **env,
+                "PYTHONPATH": str(project),
+                "OMP_NUM_THREADS": "1",
+                "REQUIRE_EXTRAS": "torchvision,timm,huggingface_hub",
+            },
+            timeout=900,
+        )
+        tail = "\n".join(tests.stdout.splitlines()[-30:])
+        assert tests.returncode == 0, tail + tests.stderr[-2000:]
+        assert re.search(r"\d+ passed", tail) and "skipped" not in tail, tail
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

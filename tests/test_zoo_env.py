@@ -1,10 +1,10 @@
-"""The baked project's pretrained-model tests (tests/test_zoo.py: torchvision and timm) with
-the real libraries, in an environment of their own: torchvision is built for one torch release,
-and the one that installs here (0.29.1) needs torch 2.14.1, not the 2.13.0 CPU build the rest
-of CI uses. REQUIRE_EXTRAS makes a library that fails to import a failure, never a skip.
+"""The baked project's pretrained-model tests (tests/test_zoo.py: torchvision and timm;
+tests/test_hf.py: transformers) with the real libraries, in an environment of their own:
+torchvision is built for one torch release, and the one that installs here (0.29.1) needs
+torch 2.14.1, not the 2.13.0 CPU build the rest of CI uses. REQUIRE_EXTRAS makes a library that fails to import a failure, never a skip.
 
 Slow: pip takes the 2.14.1 build (a CUDA one, about 5.5 GB with its libraries; it runs on the
-CPU) from the machine's local wheel folder in about 90 s; the tests take about 30 s. Nothing
+CPU) from the machine's local wheel folder in about 90 s; the tests take about 60 s. Nothing
 else of the machine's environment is used: the package runs from the bake through PYTHONPATH.
 """
 
@@ -21,8 +21,8 @@ import pytest
 # The pair that imports together here, and what the zoo tests need beside it.
 PAIR = ["torch==2.14.1", "torchvision==0.29.1"]
 PACKAGES = ["timm", "numpy", "pyyaml", "tqdm", "tensorboard", "pytest", "pillow"]
-PACKAGES += ["safetensors", "onnx", "onnxscript", "onnxruntime"]
-SELECTION = ["tests/test_zoo.py"]
+PACKAGES += ["safetensors", "onnx", "onnxscript", "onnxruntime", "transformers", "tokenizers"]
+SELECTION = ["tests/test_zoo.py", "tests/test_hf.py"]
 
 
 def run(args: list, **kwargs) -> subprocess.CompletedProcess:
@@ -50,7 +50,7 @@ def test_the_pretrained_model_tests_pass_with_the_real_libraries(bake, tmp_path)
                 **env,
                 "PYTHONPATH": str(project),
                 "OMP_NUM_THREADS": "1",
-                "REQUIRE_EXTRAS": "torchvision,timm,huggingface_hub",
+                "REQUIRE_EXTRAS": "torchvision,timm,huggingface_hub,transformers,tokenizers",
             },
             timeout=900,
         )

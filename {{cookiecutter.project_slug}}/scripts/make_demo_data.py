@@ -6,6 +6,7 @@ configs in configs/experiments/ and for trying the data formats before using you
                                                   # classes_test, imbalanced, multilabel)
     python scripts/make_demo_data.py text         # only data/demo/text.txt
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
+    python scripts/make_demo_data.py tickets      # only data/demo/tickets.csv (text, label)
     python scripts/make_demo_data.py --out /tmp/demo csv
 
 Each is seeded: the same files every time.
@@ -169,7 +170,34 @@ def write_images(out: Path) -> list[Path]:
     return [folder]
 
 
-WRITERS = {"csv": write_csv, "images": write_images, "text": write_text}
+def write_tickets(out: Path) -> list[Path]:
+    """tickets.csv: 1,200 support tickets (a text column, a label column) in 3 classes, for a
+    text classifier (hf_text_classifier.yaml). The words of each class overlap: a model must
+    read more than one word."""
+    rng = random.Random(0)
+    topics = {
+        "billing": ["invoice", "charge", "refund", "card", "payment", "price"],
+        "login": ["password", "account", "sign in", "two-factor", "email code", "locked"],
+        "shipping": ["parcel", "delivery", "address", "courier", "tracking", "package"],
+    }
+    shared = ["my", "order", "again", "today", "please", "help", "the app", "still", "not"]
+    moods = ["I cannot understand", "why is", "there is a problem with", "what happened to"]
+    rows = []
+    for _ in range(1200):
+        label = rng.choice(list(topics))
+        words = rng.sample(topics[label], 2) + rng.sample(shared, rng.randint(1, 4))
+        if rng.random() < 0.3:  # a word of another topic: one word does not decide
+            words.append(rng.choice(topics[rng.choice([t for t in topics if t != label])]))
+        rng.shuffle(words)
+        rows.append([f"{rng.choice(moods)} {' '.join(words)}", label])
+    path = out / "tickets.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["text", "label"], *rows])
+    return [path]
+
+
+WRITERS = {"csv": write_csv, "images": write_images, "text": write_text, "tickets": write_tickets}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ from conftest import CONFIGS, ROOT, missing_data_file
 from {{ cookiecutter.package_name }}.config import Config, flatten, from_dict, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.models import MODELS, architecture, build_model
+from {{ cookiecutter.package_name }}.models.zoo import Zoo
 from {{ cookiecutter.package_name }}.tasks import TASKS, build_task
+from {{ cookiecutter.package_name }}.trainer import build_data
 
 ALL_FILES = sorted(CONFIGS.rglob("*.yaml"))
 # A user's experiment on their own table, which this checkout does not hold.
@@ -46,9 +49,17 @@ def check_config_file(path: Path, monkeypatch, project: Path = ROOT) -> None:
             f"{path.name}: data file {missing} not found (demo folder or project): the "
             "config loads and validates; its data, task and model are checked once it exists"
         )
-    train, _, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
-    task = build_task(cfg.task, getattr(train, "dataset", train), meta)  # class counts
-    model = build_model(cfg.model, example_inputs(train), task.num_outputs)
+    if issubclass(MODELS[cfg.model.name], Zoo):  # a pretrained model: its library, weights
+        try:
+            train, _, _, task = build_data(cfg)
+            model = build_model(architecture(cfg.model), example_inputs(train), task.num_outputs)
+        except ConfigError as exc:  # here without the library or the network: said so
+            assert re.search(r"pip install -e '\.\[(vision|hf)\]'|without the network", str(exc))
+            return
+    else:
+        train, _, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
+        task = build_task(cfg.task, getattr(train, "dataset", train), meta)  # class counts
+        model = build_model(cfg.model, example_inputs(train), task.num_outputs)
     assert sum(p.numel() for p in model.parameters()) > 0
 
 

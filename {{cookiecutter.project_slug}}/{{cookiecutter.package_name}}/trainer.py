@@ -168,7 +168,7 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
         meta=meta,
         example=example,
         example_y=example_y,
-        io=model_io(example, task.num_outputs),
+        io=model_io(example, task.num_outputs, source_of(train_set)),
         steps_per_epoch=steps_per_epoch,
         effective_batch=effective_batch,
     )

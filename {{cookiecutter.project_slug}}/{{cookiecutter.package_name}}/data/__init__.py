@@ -40,6 +40,7 @@ from .synthetic import SyntheticGratings
 from .targets import target_stats
 from .tensor_files import TensorFiles
 from .text import TextChars
+from .text_table import TextTable
 
 # Tells the loaders' seeds (seed, rank, LOADER_STREAM) from the ranks' (seed, rank) and the
 # samples' (seed, epoch, index): b"loader" as a number, beyond any epoch or index.
@@ -51,6 +52,7 @@ DATASETS = {
     "csv": CSVTable,
     "image_folder": ImageFolder,
     "text": TextChars,
+    "text_table": TextTable,  # texts to classify, with a Hugging Face tokenizer
 }
 
 
@@ -260,6 +262,8 @@ def example_batch(dataset: Dataset, n: int = 2) -> tuple[torch.Tensor, torch.Ten
     """(inputs, targets) of the first `n` samples as a batch. A dataset may draw random
     numbers (augmentation): torch's RNG is left as it was, so taking an example never shifts
     the random stream a resumed run restores."""
+    if getattr(source_of(dataset), "variable_length", False):  # padded as a batch is
+        return dataset[list(range(min(n, len(dataset))))]
     with torch.random.fork_rng(devices=[]):
         xs, ys = zip(*(dataset[i] for i in range(min(n, len(dataset)))), strict=True)
     return torch.stack(xs), torch.stack([torch.as_tensor(y) for y in ys])

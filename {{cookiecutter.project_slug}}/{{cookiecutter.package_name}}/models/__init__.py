@@ -21,6 +21,7 @@ from torch import nn
 from ..config.text import closest
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
+from .hf import HFText
 from .mlp import MLP
 from .transformer import Transformer
 from .zoo import Timm, Torchvision
@@ -31,6 +32,7 @@ MODELS = {
     "transformer": Transformer,
     "timm": Timm,  # pretrained zoo models (optional libraries): models/zoo.py
     "torchvision": Torchvision,
+    "hf": HFText,  # Hugging Face sequence classifiers: models/hf.py
 }
 
 
@@ -113,19 +115,25 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def model_io(example: torch.Tensor, num_outputs: int) -> dict:
+def model_io(example: torch.Tensor, num_outputs: int, dataset=None) -> dict:
     """What the model takes and gives, saved in checkpoints ("io"): prediction and export
-    rebuild the model from it without the training data."""
+    rebuild the model from it without the training data. A dataset of texts of their own
+    lengths (`variable_length`) gives -1 for the length: any length up to the maximum."""
+    shape = list(example.shape[1:])
+    if getattr(dataset, "variable_length", False):
+        shape[-1] = -1
     return {
-        "input_shape": list(example.shape[1:]),
+        "input_shape": shape,
         "input_dtype": str(example.dtype).removeprefix("torch."),
         "num_outputs": num_outputs,
     }
 
 
 def example_of(io: dict, n: int = 2) -> torch.Tensor:
-    """A batch of `n` zero inputs of the shape and dtype in `io` (see model_io)."""
-    return torch.zeros((n, *io["input_shape"]), dtype=getattr(torch, io["input_dtype"]))
+    """A batch of `n` zero inputs of the shape and dtype in `io` (see model_io); 8 positions
+    where the length varies."""
+    shape = [8 if size == -1 else size for size in io["input_shape"]]
+    return torch.zeros((n, *shape), dtype=getattr(torch, io["input_dtype"]))
 
 
 @torch.no_grad()

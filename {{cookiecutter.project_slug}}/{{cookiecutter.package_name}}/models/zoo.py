@@ -45,15 +45,17 @@ class Options:
         return [("arch", bool(self.arch.strip()), "an architecture name, e.g. resnet18")]
 
 
-def require(module: str):
+def require(module: str, extra: str = "vision"):
     """An optional zoo library, or one line naming the install command."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
+        name = "hf" if extra == "hf" else module
+        pair = " (torchvision must match torch's version: scripts/doctor.py checks the pair)"
         raise ConfigError(
-            f"model.name={module} needs {module}, which does not import here "
-            f"({first_line(exc, 80)}); pip install -e '.[vision]' (torchvision must match "
-            "torch's version: scripts/doctor.py checks the pair)"
+            f"model.name={name} needs {module}, which does not import here "
+            f"({first_line(exc, 80)}); pip install -e '.[{extra}]'"
+            + (pair if extra == "vision" else "")
         ) from None
 
 

@@ -41,7 +41,7 @@ from ..errors import UserError, first_line
 from . import cli, outputs
 from .formats import EXPORTERS, ExportError, quiet, run_artifact, write_bytes
 from .inference import Trained, load_trained, validation_inputs
-from .serving import Serving, contract, parity_inputs, serving_model
+from .serving import TOKENIZER_SUFFIX, Serving, contract, parity_inputs, serving_model
 
 SUFFIXES = {"torchscript": ".torchscript.pt", "export": ".pt2", "onnx": ".onnx"}
 ALTERNATIVES = {"torchscript": "export", "export": "torchscript", "onnx": "export"}
@@ -74,6 +74,9 @@ def export(
     example = x[:2] if len(x) >= 2 else torch.cat([x, x])  # batch 2: not specialised to 1
     with _writing(path) as staged:
         _export(fmt, trained, model, example, staged / path.name)
+        if "tokenizer" in trained.meta:  # what turns text into the artifact's token ids
+            tokenizer = trained.meta["tokenizer"].encode()
+            write_bytes(staged / f"{path.name}{TOKENIZER_SUFFIX}", tokenizer)
         with torch.no_grad():
             got = [run_artifact(fmt, staged / path.name, v) for v in inputs]
         parity: dict = {"inputs": source, "samples": len(x), "atol": atol}
@@ -107,7 +110,8 @@ def _written(path: Path, fmt: str) -> list[Path]:
     """The files an export to `path` writes (or removes): the artifact, its JSON, and the
     weights file of a large ONNX model."""
     data = [path.with_name(f"{path.name}.data")] if fmt == "onnx" else []
-    return [path, path.with_name(f"{path.name}.json"), *data]
+    tokenizer = path.with_name(f"{path.name}{TOKENIZER_SUFFIX}")  # a text model's
+    return [path, path.with_name(f"{path.name}.json"), *data, tokenizer]
 
 
 def _export(fmt: str, trained: Trained, model: nn.Module, example, path: Path) -> None:

@@ -1,8 +1,7 @@
 """Readers of predict.py's inputs: each turns files into (ids, inputs, labels) with the
 preprocessing saved in the checkpoint's data meta, and refuses what it cannot read right
 (columns, values, labels the model does not know) on one line naming the file, row and column;
-check_inputs reads them all and checks them against the checkpoint before the model runs.
-"""
+check_inputs reads them all and checks them against the checkpoint before the model runs."""
 
 from __future__ import annotations
 
@@ -16,11 +15,13 @@ from typing import NamedTuple
 
 import torch
 
+from ..data import example_batch
 from ..data.csv_table import is_number
 from ..data.image_folder import EXTENSIONS, decode
 from ..data.label_sets import joined, table_labels
 from ..errors import ConfigError
 from .inference import Trained, validation_set
+from .predict_text import read_text_csv, read_text_file
 
 SAVE = "the inputs with torch.save, in a dict with the key 'x'"
 FIELD_LIMIT = 65536  # characters in one CSV field: more is an unclosed quote, not a number
@@ -59,6 +60,8 @@ def _table(path: Path) -> tuple[list[str], list[list[str]]]:
 def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
     """(ids, inputs (N, F), labels or None) of a table with the training table's columns."""
     meta, name = trained.meta, f"CSV file {str(path)!r}"
+    if "tokenizer" in meta:  # texts to classify: their column, tokenised as in training
+        return read_text_csv(path, trained)
     if "features" not in meta:
         raise ConfigError(
             f"{name}: checkpoint {trained.path!r} was not trained on a CSV table (its data "
@@ -220,9 +223,8 @@ def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.T
 def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:
     """(ids, inputs, labels) of the training run's validation split."""
     val = validation_set(trained)
-    xs, ys = zip(*(val[i] for i in range(len(val))), strict=True)
-    y = torch.stack(ys)
-    return [f"val:{i}" for i in range(len(val))], torch.stack(xs), _labels(y, trained, "", len(y))
+    x, y = example_batch(val, len(val))  # texts: padded to the longest
+    return [f"val:{i}" for i in range(len(val))], x, _labels(y, trained, "", len(y))
 
 
 class Inputs(NamedTuple):
@@ -249,6 +251,8 @@ def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
             raise ConfigError(f"input {name!r} not found")
         elif suffix == ".csv":
             yield Inputs(f"CSV file {name!r}", *read_csv(path, trained))
+        elif suffix == ".txt" and "tokenizer" in trained.meta:
+            yield Inputs(f"text file {name!r}", *read_text_file(path, trained))
         elif suffix in (".pt", ".pth"):
             yield Inputs(f"tensor file {name!r}", *read_tensors(path, trained))
         elif suffix in IMAGE_SUFFIXES:
@@ -284,9 +288,10 @@ def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[
                 f"{name}: x is {str(x.dtype).removeprefix('torch.')}, the model takes "
                 f"{io['input_dtype']}; convert it once, e.g. {fix}"
             )
-        if tuple(x.shape[1:]) != shape:
+        got = tuple(x.shape[1:])  # -1 in the model's shape: any length (text)
+        if len(got) != len(shape) or any(b not in (a, -1) for a, b in zip(got, shape)):  # noqa: B905
             raise ConfigError(
-                f"{name}: inputs of shape {tuple(x.shape[1:])}, the model takes {shape} "
+                f"{name}: inputs of shape {got}, the model takes {shape} "
                 "(x is (N, *shape)); give inputs like its training data"
             )
         if floats and not torch.isfinite(x).all():

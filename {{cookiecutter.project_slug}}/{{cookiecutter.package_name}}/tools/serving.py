@@ -10,6 +10,8 @@ from torch import nn
 
 from .inference import Trained
 
+TOKENIZER_SUFFIX = ".tokenizer.json"  # beside an artifact of a text model: its tokenizer
+
 
 class Serving(nn.Module):
     """The model as a caller outside this project uses it: raw inputs standardised with the
@@ -63,7 +65,9 @@ def serving_model(trained: Trained) -> Serving:
 
 def max_positions(trained: Trained) -> int | None:
     """A language model takes 1 to this many positions (model.max_len; the training length for
-    a model that does not say); None for the other tasks, whose sample shape is fixed."""
+    a model that does not say), tokenised text its max_length; None for fixed sample shapes."""
+    if "tokenizer" in trained.meta:  # tokenised text: up to its max_length
+        return int(trained.meta["max_length"])
     if trained.cfg.task.name != "language_model":
         return None
     return int(getattr(trained.model, "max_len", trained.io["input_shape"][0]))
@@ -110,6 +114,12 @@ def input_units(meta: dict) -> str:
         )
     if "vocab" in meta:
         return "int64 token ids: positions in `vocab`, one character each"
+    if "tokenizer" in meta:
+        return (
+            f"int64 token ids from the tokenizer shipped beside the artifact ("
+            f"{TOKENIZER_SUFFIX}, special tokens added, at most {meta['max_length']}), padded "
+            f"with {meta['pad_id']}, which the model leaves out"
+        )
     return "the values of the training data's x as they are (nothing was learnt from them)"
 
 

@@ -1,7 +1,8 @@
 """The baked project's pretrained-model tests (tests/test_zoo.py: torchvision and timm;
 tests/test_hf.py: transformers) with the real libraries, in an environment of their own:
 torchvision is built for one torch release, and the one that installs here (0.29.1) needs
-torch 2.14.1, not the 2.13.0 CPU build the rest of CI uses. REQUIRE_EXTRAS makes a library that fails to import a failure, never a skip.
+torch 2.14.1, not the 2.13.0 CPU build the rest of CI uses. REQUIRE_EXTRAS makes a library
+that fails to import a failure, never a skip.
 
 Slow: pip takes the 2.14.1 build (a CUDA one, about 5.5 GB with its libraries; it runs on the
 CPU) from the machine's local wheel folder in about 90 s; the tests take about 60 s. Nothing

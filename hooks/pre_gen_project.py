@@ -32,7 +32,8 @@ if sys.version_info < (3, 9):  # noqa: UP036 (the floor is what this checks at r
 # break this file; before rendering the line is valid Python too.
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 
-PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+# 3.10 reached its end of life in October 2026, and transformers 5 (the [hf] extra) needs 3.11.
+PYTHON_VERSIONS = ("3.11", "3.12", "3.13")
 # Import names of the baked project's dependencies (requirements.txt and the extras): a
 # package of the same name would hide them.
 DEPENDENCIES = {

@@ -31,7 +31,7 @@ BASES = {
     "cu130": CUDA_BASE.format("13.0.2"),
 }
 NAME = 'Ça va? "Quotes" \\ l\'équipe'  # the cu130 bake's project name, for the JSON
-PYTHON = {"auto": "3.11", "cpu": "3.10", "cu126": "3.12", "cu128": "3.13", "cu130": "3.12"}
+PYTHON = {"auto": "3.11", "cpu": "3.11", "cu126": "3.12", "cu128": "3.13", "cu130": "3.12"}
 COMPUTES = list(PYTHON)
 VENV = "/opt/venv"  # where the image's environment lives
 

@@ -316,7 +316,7 @@ def test_missing_conda_tool_prints_the_command_and_goes_on(
 
 @pytest.mark.parametrize(
     ("compute", "python_version"),
-    [("auto", "3.11"), ("cpu", "3.12"), ("cu126", "3.13"), ("cu128", "3.10"), ("cu130", "3.11")],
+    [("auto", "3.11"), ("cpu", "3.12"), ("cu126", "3.13"), ("cu128", "3.12"), ("cu130", "3.11")],
 )
 def test_environment_yml(bake, compute, python_version):
     """Python and pip only: torch comes in a step of its own (a pip section's index would apply

@@ -130,14 +130,14 @@ def test_bad_email(pre, email):
     assert pre.check_email(email)
 
 
-@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
+@pytest.mark.parametrize("version", ["3.11", "3.12", "3.13"])
 def test_good_python_version(pre, version):
     assert pre.check_python_version(version) is None
 
 
-@pytest.mark.parametrize("version", ["3.9", "3.14", "3", "2.7", ""])
+@pytest.mark.parametrize("version", ["3.9", "3.10", "3.14", "3", "2.7", ""])
 def test_bad_python_version(pre, version):
-    assert "3.10, 3.11, 3.12, 3.13" in pre.check_python_version(version)
+    assert "3.11, 3.12, 3.13" in pre.check_python_version(version)
 
 
 def test_default_answers_pass(pre):

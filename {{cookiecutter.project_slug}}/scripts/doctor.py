@@ -129,7 +129,7 @@ def probe_python(root: Path) -> dict:
         env = "conda base" if base else f"conda env {Path(sys.prefix).name}"
     elif sys.prefix != sys.base_prefix:
         env = f"virtual env {sys.prefix}"
-    requires = [int(m.group(1)), int(m.group(2))] if m else [3, 10]
+    requires = [int(m.group(1)), int(m.group(2))] if m else [3, 11]
     here = ".".join(map(str, sys.version_info[:3]))
     return {"version": here, "requires": requires, "env": env, "executable": sys.executable}
 

@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.trainer import fit
 
 
 def floor() -> str:
-    # A regex, not tomllib: the project also supports Python 3.10, which has no tomllib.
+    # A regex, not tomllib: it reads only the one line it needs.
     text = (ROOT / "pyproject.toml").read_text()
     (found,) = re.findall(r'^dependencies = \["torch>=(\d+\.\d+)"', text, re.M)
     return found

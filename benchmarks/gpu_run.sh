@@ -15,7 +15,7 @@
 #    passes the script's own code on; 137 if it had not stopped 20 s later and was killed).
 # 3. To continue a run that was cut short: copy its gpu-check.json (from the run's files) to
 #    REPO_DIR/gpu-bake/previous.json and make the same run call: it reruns only the checks that
-#    did not pass (--resume), the others kept as they were. A whole run is estimated at 9 to 12
+#    did not pass (--resume), the others kept as they were. A whole run is estimated at 10 to 14
 #    minutes on one H200 (the baked README), more than one call's budget: expect exit 3 first.
 # Environment on the device: GPU_CHECK_BUDGET (s, default 450), GPU_CHECK_TIMEOUT (s, 510),
 # GPU_CHECK_ARGS (more options, e.g. "--only ddp,fsdp").

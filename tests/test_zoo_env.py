@@ -5,7 +5,8 @@ torch 2.14.1, not the 2.13.0 CPU build the rest of CI uses. REQUIRE_EXTRAS makes
 that fails to import a failure, never a skip.
 
 Slow: pip takes the 2.14.1 build (a CUDA one, about 5.5 GB with its libraries; it runs on the
-CPU) from the machine's local wheel folder in about 90 s; the tests take about 60 s. Nothing
+CPU) from the machine's local wheel folder in about 90 s; the tests take about 3 min (the
+pairwise cases: torchrun, compile and export on two cores). Nothing
 else of the machine's environment is used: the package runs from the bake through PYTHONPATH.
 """
 
@@ -23,7 +24,11 @@ import pytest
 PAIR = ["torch==2.14.1", "torchvision==0.29.1"]
 PACKAGES = ["timm", "numpy", "pyyaml", "tqdm", "tensorboard", "pytest", "pillow"]
 PACKAGES += ["safetensors", "onnx", "onnxscript", "onnxruntime", "transformers", "tokenizers"]
-SELECTION = ["tests/test_zoo.py", "tests/test_hf.py"]
+PACKAGES += ["pytest-xdist"]
+# The zoo's own tests, and the pairwise suite's cases of its two task values (cls-images-timm,
+# cls-text-hf: tests/pairwise.py adds them where the libraries are installed).
+SELECTION = ["tests/test_zoo.py", "tests/test_hf.py", "tests/test_combinations.py"]
+ZOO_CASES = "not test_combination or timm or hf"
 
 
 def run(args: list, **kwargs) -> subprocess.CompletedProcess:
@@ -45,7 +50,7 @@ def test_the_pretrained_model_tests_pass_with_the_real_libraries(bake, tmp_path)
         assert installed.returncode == 0, installed.stderr[-2000:]
         tests = run(
             [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow"]
-            + ["-rs", *SELECTION],
+            + ["-rs", "-n", "2", "-k", ZOO_CASES, *SELECTION],
             cwd=project,
             env={
                 **env,

@@ -63,6 +63,8 @@ CONFIGS = ROOT / "configs" / "experiments"
 
 def family_args(task: str, data: Path) -> list[str]:
     """--config and overrides that make each task's example tiny (seconds a case)."""
+    if task in ZOO_FAMILIES:
+        return ZOO_FAMILIES[task](data)
     return {
         "cls-synthetic-cnn": [
             "data.train_size=384",
@@ -115,6 +117,47 @@ def family_args(task: str, data: Path) -> list[str]:
         ],
     }[task]
 
+
+def timm_args(data: Path) -> list[str]:
+    """timm's 0.37M-parameter test model from weights made here (random init, timm's format)."""
+    weights = data / "test_resnet.pth"
+    if not weights.exists():  # cases of other workers may make it too: write, then rename
+        import timm
+
+        staged = data / f".test_resnet.{os.getpid()}.pth"
+        torch.save(timm.create_model("test_resnet").state_dict(), staged)
+        os.replace(staged, weights)
+    return [
+        "--config",
+        str(CONFIGS / "finetune_image_folder.yaml"),
+        f"data.root={data / 'images'}",
+        "data.image_size=32",
+        "model.arch=test_resnet",
+        f"model.weights={weights}",
+        "train.freeze_epochs=1",
+    ]
+
+
+def hf_args(data: Path) -> list[str]:
+    """A 2-layer BERT and its tokenizer, made here as a save_pretrained folder."""
+    folder = data / "bert"
+    if not folder.exists():
+        from test_hf import texts_of, tiny_bert
+
+        staged = tiny_bert(data / f".bert.{os.getpid()}", texts_of(data / "tickets.csv"))
+        with contextlib.suppress(OSError):  # another worker's folder got there first
+            staged.rename(folder)
+    return [
+        "--config",
+        str(CONFIGS / "hf_text_classifier.yaml"),
+        f"data.path={data / 'tickets.csv'}",
+        "data.max_length=32",
+        f"model.arch={folder}",
+        "train.freeze_epochs=1",
+    ]
+
+
+ZOO_FAMILIES = {"cls-images-timm": timm_args, "cls-text-hf": hf_args}
 
 COMMON = [
     "train.batch_size=16",
@@ -193,6 +236,8 @@ def data(demo_root, tmp_path_factory) -> Path:
         lines = (root / name).read_text().splitlines(keepends=True)
         (root / name).write_text("".join(lines[: rows + 1]))
     (root / "text.txt").write_text((root / "text.txt").read_text()[:6000])
+    lines = (root / "tickets.csv").read_text().splitlines(keepends=True)
+    (root / "tickets.csv").write_text("".join(lines[:301]))
     return root
 
 
@@ -345,14 +390,18 @@ def batch_norm_counts(model: dict) -> set[int]:
 def assert_batch_norm_counted_each_batch_once(args: list, ranks: int, saved, model, start, rerun):
     """Every BatchNorm's num_batches_tracked is the number of training batches rank 0 took
     (after `start`, init_from's count): a recomputation (train.activation_checkpointing) must
-    not count them twice."""
+    not count them twice, and a frozen backbone's (train.freeze_epochs) must not count any."""
     cfg = config_of(args)
     data = trainer.build_loaders(cfg, DistInfo(world_size=ranks), torch.device("cpu"))
     batches = len(data.train_loader)  # whole batches only (drop_last): samples / batch_size
     close_loader(data.train_loader), close_loader(data.val_loader)
     progress = saved["progress"]
     per_batch = cfg.train.batch_size * ranks
-    want = start + progress["epoch"] * batches + progress["epoch_samples"] // per_batch
+    # The pretrained models' BatchNorms are all in their backbones: still while frozen.
+    frozen = min(cfg.train.freeze_epochs, progress["epoch"])
+    want = start + (progress["epoch"] - frozen) * batches
+    if progress["epoch"] >= cfg.train.freeze_epochs:
+        want += progress["epoch_samples"] // per_batch
     counts = batch_norm_counts(model)
     assert counts == {want}, f"{rerun}\n{counts} vs {want} batches"
 

@@ -446,6 +446,9 @@ ON_CPU = {
 }
 GPU_ONLY = ["tests", "syncbn", "cpu_offload", "compile", "compile_ddp", "compile_fsdp"]
 GPU_ONLY += ["sweep_gpus"]
+# Skipped here without the [vision] and [hf] extras; what it runs, tests/test_zoo.py,
+# test_hf.py and the pairwise suite's pretrained cases run on the CPU with them.
+GPU_ONLY += ["pretrained"]
 
 
 def test_the_cpu_groups_hold_every_check_of_the_default_run():

@@ -17,7 +17,8 @@ import sys
 
 import pytest
 import torch
-from conftest import needs
+from conftest import CONFIGS, needs
+from test_image_folder import write_images
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
@@ -240,55 +241,54 @@ def test_the_weights_preprocessing_is_the_library_s(library, arch):
     assert got == tuple(want)
 
 
+def library_transform(library: str, arch: str):
+    """The library's own evaluation transform of PIL images for `arch`'s weights."""
+    if library == "torchvision":
+        return torchvision.models.get_model_weights(arch).DEFAULT.transforms()
+    config = timm.data.resolve_data_config({}, model=timm.create_model(arch))
+    return timm.data.create_transform(**config)
+
+
 @pytest.mark.slow
-def test_a_torchvision_model_fine_tunes_on_an_image_folder_then_evaluates_predicts_exports(
-    tmp_path, capsys
+@pytest.mark.parametrize(
+    "library, arch, size, crop, interpolation",
+    [
+        ("torchvision", TV_ARCH, 224, 224 / 256, "bilinear"),
+        ("timm", TIMM_ARCH, 160, 0.95, "bilinear"),
+    ],
+)
+def test_a_pretrained_model_fine_tunes_on_an_image_folder_then_evaluates_predicts_exports(
+    tmp_path, capsys, library, arch, size, crop, interpolation
 ):
-    """The demo's path with a pretrained model: an image folder read as the weights want it
-    (their size, crop, interpolation, mean and std, all left at auto), the backbone frozen for
-    the first epoch; evaluation, prediction on raw files and the export read images the same
-    way, and the pixels equal torchvision's own transform of the same files."""
-    from test_image_folder import write_images
-
-    for i, name in enumerate(("cat", "dog")):
-        write_images(tmp_path / "images" / name, 6, seed=i, size=40)
-    library_weights("torchvision", TV_ARCH, tmp_path / "w.pth")
-    args = [
-        "data.name=image_folder",
-        f"data.root={tmp_path / 'images'}",
-        "data.val_fraction=0.34",
-        "model.name=torchvision",
-        f"model.arch={TV_ARCH}",
-        f"model.weights={tmp_path / 'w.pth'}",
-        "train.epochs=2",
-        "train.freeze_epochs=1",
-        "train.batch_size=4",
-        "train.warmup_steps=1",
-        "run.loggers=[csv]",
-        "run.device=cpu",
-        f"run.output_dir={tmp_path / 'runs'}",
-    ]
-    fit(load_config(None, args))
-    assert f"torchvision {TV_ARCH}: loaded" in capsys.readouterr().out
-    best = tmp_path / "runs/default/best.pt"
-    meta = checkpoint.load(best)["data"]
-    transform = torchvision.models.get_model_weights(TV_ARCH).DEFAULT.transforms()
-    assert (meta["image_size"], meta["crop_pct"], meta["interpolation"]) == (
-        224,
-        224 / 256,
-        "bilinear",
-    )
-    assert meta["mean"] == pytest.approx(transform.mean) and meta["std"] == pytest.approx(
-        transform.std
-    )
-
-    files = sorted((tmp_path / "images").rglob("*.png"))
-    raw = torch.stack([decode(p, 224, meta["crop_pct"], meta["interpolation"]) for p in files])
-    mean, std = (torch.tensor(meta[k]).view(3, 1, 1) for k in ("mean", "std"))
+    """The demo's path with a pretrained model (timm: the example config itself): an image
+    folder read as the weights want it (their size, crop, interpolation, mean and std, all
+    left at auto), the backbone frozen for the first epoch; evaluation, prediction on raw
+    files and the export read images the same way, and the pixels equal the library's own
+    transform of the same files (non-square ones: the crop's arithmetic too)."""
     from PIL import Image
 
-    library = torch.stack([transform(Image.open(p).convert("RGB")) for p in files])
-    torch.testing.assert_close((raw - mean) / std, library, rtol=0, atol=1e-5)
+    for i, name in enumerate(("cat", "dog")):
+        write_images(tmp_path / "images" / name, 6, seed=i, size=40 + 7 * i)
+    library_weights(library, arch, tmp_path / "w.pth")
+    args = [f"data.root={tmp_path / 'images'}", "data.val_fraction=0.34", "data.num_workers=0"]
+    args += [f"model.name={library}", f"model.arch={arch}", f"model.weights={tmp_path / 'w.pth'}"]
+    args += ["train.epochs=2", "train.batch_size=4", "train.warmup_steps=1", "run.device=cpu"]
+    args += [f"run.output_dir={tmp_path / 'runs'}", "run.name=ft", "run.loggers=[csv]"]
+    fit(load_config(CONFIGS / "experiments" / "finetune_image_folder.yaml", args))
+    assert f"{library} {arch}: loaded" in capsys.readouterr().out
+    best = tmp_path / "runs/ft/best.pt"
+    meta = checkpoint.load(best)["data"]
+    assert (meta["image_size"], meta["crop_pct"], meta["interpolation"]) == (
+        size,
+        crop,
+        interpolation,
+    )
+    transform = library_transform(library, arch)
+    files = sorted((tmp_path / "images").rglob("*.png"))
+    raw = torch.stack([decode(p, size, meta["crop_pct"], meta["interpolation"]) for p in files])
+    mean, std = (torch.tensor(meta[k]).view(3, 1, 1) for k in ("mean", "std"))
+    library_pixels = torch.stack([transform(Image.open(p).convert("RGB")) for p in files])
+    torch.testing.assert_close((raw - mean) / std, library_pixels, rtol=0, atol=1e-5)
 
     assert evaluate_main(["--checkpoint", str(best)]) == 0
     out = tmp_path / "predictions.csv"
@@ -301,7 +301,10 @@ def test_a_torchvision_model_fine_tunes_on_an_image_folder_then_evaluates_predic
         export_main(["--checkpoint", str(best), "--format", "onnx", "--out", str(artifact)]) == 0
     )
     units = json.loads(artifact.with_name("model.onnx.json").read_text())["input"]["units"]
-    assert "short side resized to 256, centre 224x224 cut out (bilinear)" in units
+    short = int(size / crop + 1e-9)
+    assert (
+        f"short side resized to {short}, centre {size}x{size} cut out ({interpolation})" in units
+    )
     with torch.no_grad():
         expected = load_trained(str(best)).model((raw - mean) / std)
     torch.testing.assert_close(

@@ -90,8 +90,9 @@ def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Mod
     )
     if param_dtype is not None:
         _shard_batch_norms(model, options)
-    for block in blocks(model):
-        fsdp.fully_shard(block, **options)
+    for block in blocks(model):  # a norm layer found as a block is sharded already (above)
+        if not isinstance(block, fsdp.FSDPModule):
+            fsdp.fully_shard(block, **options)
     fsdp.fully_shard(model, **options)
     _materialise(model, full, device, train.cpu_offload)
     report = start_up_report(before, device)  # what no rank may exceed to start

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import numerics, paths, ranks, speed
+from . import numerics, paths, pretrained, ranks, speed
 from .common import Check
 
 
@@ -118,6 +118,7 @@ CHECKS = (
     Spec("init_from", paths.check_init_from, ("device",), 90),
     Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),
     Spec("smoke", paths.check_smoke, ("bf16",), 60),
+    Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "fsdp"), 240),
     Spec("combinations", paths.check_combinations, ("fp16",), 3600, default=False),
 )
 

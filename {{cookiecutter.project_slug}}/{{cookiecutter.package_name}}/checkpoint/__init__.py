@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import distributed
+from .. import distributed, finetune
 from ..config import Config, save_config, to_dict
 from ..data import check_split
 from ..distributed import DistInfo
@@ -125,6 +125,11 @@ class CheckpointManager:
             fix = "resume on the same data, or start a new run (run.name=<new name>)"
             check_split(data.meta["split"], state.get("data"), fix)
         t, dist = trainee, self.dist
+        # The backbone frozen or not as when saved: fsdp's loader expects optimizer state for
+        # exactly the parameters that train (a frozen one has none yet).
+        finetune.set_epoch(
+            t.model, self.cfg.train, state["progress"]["epoch"], self.cfg.model.name
+        )
         sharded.restore(state, t.model, t.optimizer, self.cfg.train.strategy)
         restore_training_state(
             state,

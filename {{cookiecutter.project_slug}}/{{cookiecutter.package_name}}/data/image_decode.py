@@ -3,6 +3,7 @@ squashed, or a centre crop as pretrained models were evaluated), floats in [0, 1
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +51,12 @@ def decode(
 
 
 def centre_crop(image, size: int, crop_pct: float, resample):
-    """The short side resized to size / crop_pct (aspect kept), then the centre size x size."""
-    scale = size / crop_pct / min(image.size)
-    w, h = (max(size, round(side * scale)) for side in image.size)
-    image = image.resize((w, h), resample)
-    left, top = (w - size) // 2, (h - size) // 2
+    """The short side resized to floor(size / crop_pct), the long one in proportion, then the
+    centre size x size: the arithmetic of timm's and torchvision's evaluation transforms
+    (Resize(int) truncates the long side; center_crop rounds the offsets), to the pixel."""
+    short = math.floor(size / crop_pct + 1e-9)  # 224 / 0.875 is 256, not 255.99...
+    w, h = image.size
+    w, h = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+    image = image.resize((max(w, size), max(h, size)), resample)
+    left, top = (int(round((side - size) / 2.0)) for side in image.size)
     return image.crop((left, top, left + size, top + size))

@@ -68,6 +68,8 @@ def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
     shape = tuple(example.shape[1:])
     try:
         model = MODELS[cfg.name](shape, num_outputs, cfg.options)
+        if example.is_meta:  # fsdp's layout: the model built on the CPU was tried already
+            return model
         output = _try_forward(model, example)
     except (RuntimeError, MemoryError, ValueError, IndexError, AssertionError) as exc:
         if is_out_of_memory(exc) or "overflow" in str(exc).lower():

@@ -5,6 +5,8 @@ their own units; and the description of both that export.py writes into the arti
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -106,7 +108,8 @@ def input_units(meta: dict) -> str:
         size, crop, how = meta["image_size"], meta.get("crop_pct"), meta.get("interpolation")
         resize = f"resized to {size}x{size}"
         if crop is not None:  # as torchvision's and timm's evaluation transforms
-            resize = f"short side resized to {round(size / crop)}, centre {size}x{size} cut out"
+            short = math.floor(size / crop + 1e-9)  # data/image_decode.py's centre_crop
+            resize = f"short side resized to {short}, centre {size}x{size} cut out"
         return (
             f"RGB images, channels first, {resize} ({how or 'bilinear'}) and scaled to [0, 1] "
             f"by the caller (resizing is not in the artifact); the normalisation (mean "

@@ -61,6 +61,7 @@ EXPECTED = {
     "scripts/gpu_checks/registry.py",
     "scripts/gpu_checks/report.py",
     "scripts/gpu_checks/speed.py",
+    "scripts/gpu_checks/pretrained.py",
     "scripts/sweep.py",
     "scripts/make_demo_data.py",
     "scripts/benchmark_metrics.py",

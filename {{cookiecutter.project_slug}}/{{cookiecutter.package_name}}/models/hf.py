@@ -74,9 +74,7 @@ class HFText(Zoo):
 def _unreadable(source: str, exc: BaseException) -> str:
     text = str(exc)
     if "connect" in text.lower() or "offline" in text.lower() or "cache" in text.lower():
-        return offline(f"Hugging Face model {source!r}", exc).replace(
-            "a local weights file", "a save_pretrained folder"
-        )
+        return offline(f"Hugging Face model {source!r}", exc, "a save_pretrained folder")
     return (
         f"model.arch={source!r} is not a Hugging Face model this machine can read "
         f"({first_line(exc, 120)}); give a hub id or a folder save_pretrained wrote"

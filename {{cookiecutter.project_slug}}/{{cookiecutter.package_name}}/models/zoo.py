@@ -236,9 +236,9 @@ def _mismatched(net: nn.Module, state: dict) -> set[str]:
     return {k for k, v in net.state_dict().items() if k not in state or state[k].shape != v.shape}
 
 
-def offline(what: str, exc: BaseException) -> str:
+def offline(what: str, exc: BaseException, local: str = "a local weights file") -> str:
     return (
         f"{what} could not be read ({first_line(exc, 100)}); without the network, set "
-        "model.weights=<a local weights file>, and HF_HUB_OFFLINE=1 to stop timm's retries "
-        "(README: Checkpoints, resume, fine-tuning)"
+        f"model.weights=<{local}>, and HF_HUB_OFFLINE=1 to stop the hub's retries "
+        "(README: Pretrained models)"
     )

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from ..utils.metrics import direction
-from .text import closest
+from .text import did_you_mean
 
 Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]  # see utils/logger.py, utils/trackers.py
 
@@ -153,11 +153,9 @@ def options_type(section: str, name: str) -> type:
     """The Options dataclass of component `name` of `section`; ConfigError for unknown names."""
     registry = components(section)
     if name not in registry:
-        close = closest(name, registry)
-        hint = f" (did you mean {close!r}?)" if close else ""
         raise ConfigError(
             f"{section}.name={name!r} is not one of the registered choices "
-            f"{', '.join(registry)}{hint}"
+            f"{', '.join(registry)}{did_you_mean(name, registry)}"
         )
     return getattr(registry[name], "Options", NoOptions)
 

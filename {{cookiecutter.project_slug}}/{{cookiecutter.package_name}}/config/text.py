@@ -160,6 +160,12 @@ def closest(word: str, choices: typing.Iterable[str]) -> str | None:
     return lower[match[0]] if match else None
 
 
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the choice nearest to `word`, or "" when none is close."""
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
 _BOOL_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
 
 

@@ -7,7 +7,7 @@ import math
 from ..errors import ConfigError
 from ..utils.metrics import direction
 from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, TrainConfig, components
-from .text import closest
+from .text import did_you_mean
 
 
 def validate(cfg: Config) -> None:
@@ -103,11 +103,9 @@ def _check_best(cfg: Config) -> None:
             f"{metric}/<class name>, or a scalar: {scalars}"
         )
     if metric != "auto" and metric not in directions and metric.split("/")[0] not in vectors:
-        close = closest(metric, directions)
-        hint = f" (did you mean {close!r}?)" if close else ""
         raise ConfigError(
             f"train.best_metric={metric!r} is not a metric of task.name={cfg.task.name}; "
-            f"choose auto or one of {', '.join(directions)}{hint}"
+            f"choose auto or one of {', '.join(directions)}{did_you_mean(metric, directions)}"
         )
     metric, natural = cfg.best()[0], direction(directions, cfg.best()[0])
     if cfg.train.best_mode not in ("auto", natural):

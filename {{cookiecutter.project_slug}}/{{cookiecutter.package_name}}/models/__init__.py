@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ..config.text import closest
+from ..config.text import did_you_mean
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
 from .hf import HFText
@@ -155,6 +155,4 @@ def _size_keys(cfg) -> str:
 
 
 def _choices(name: str) -> str:
-    close = closest(name, MODELS)
-    listed = ", ".join(MODELS)
-    return f"{listed} (did you mean {close!r}?)" if close else listed
+    return ", ".join(MODELS) + did_you_mean(name, MODELS)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config.text import closest
+from ..config.text import did_you_mean
 from ..errors import ConfigError, first_line
 
 CLASSIFIER_NAMES = ("fc", "classifier", "heads", "head")  # torchvision's, by architecture
@@ -61,10 +61,8 @@ def require(module: str, extra: str = "vision"):
 
 def check_arch(library: str, arch: str, names: list[str]) -> None:
     if arch not in names:
-        close = closest(arch, names)
-        hint = f" (did you mean {close!r}?)" if close else ""
         raise ConfigError(
-            f"model.arch={arch!r} is not a {library} architecture{hint}; see "
+            f"model.arch={arch!r} is not a {library} architecture{did_you_mean(arch, names)}; see "
             f"{library}'s list_models() for the {len(names)} it has"
         )
 

@@ -21,7 +21,7 @@ from torch import nn
 from ..config.text import did_you_mean
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
-from .hf import HFText
+from .hf import HFImage, HFText
 from .mlp import MLP
 from .transformer import Transformer
 from .zoo import Timm, Torchvision
@@ -33,6 +33,7 @@ MODELS = {
     "timm": Timm,  # pretrained zoo models (optional libraries): models/zoo.py
     "torchvision": Torchvision,
     "hf": HFText,  # Hugging Face sequence classifiers: models/hf.py
+    "hf_image": HFImage,  # and image classifiers
 }
 
 

@@ -322,6 +322,10 @@ def test_an_image_classifier_from_hugging_face_fine_tunes_then_predicts_and_expo
     meta = checkpoint.load(best)["data"]
     assert (meta["image_size"], meta["crop_pct"]) == (32, None)  # the whole image, squashed
     assert meta["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    # The image processor is not read again (the checkpoint says how); the model's config.json
+    # is (its architecture: transformers builds from it), its weights come from the checkpoint.
+    (folder / "preprocessor_config.json").unlink()
+    assert evaluate_main(["--checkpoint", str(best)]) == 0
     out = tmp_path / "predictions.csv"
     assert (
         predict_main([str(tmp_path / "images"), "--checkpoint", str(best), "--out", str(out)]) == 0

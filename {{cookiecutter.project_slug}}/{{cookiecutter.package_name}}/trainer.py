@@ -125,8 +125,8 @@ def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
 
 def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
     """(train set, val set, data meta, task): the task sizes the model's output from the data.
-    `meta`: a checkpoint's, for evaluation; `like`: the one a run continues (build_loaders)."""
-    targets, prep = TASKS[cfg.task.name].targets, preprocessing(cfg.model)
+    `meta`: a checkpoint's (it says how to read inputs: no zoo lookup); `like`: a resumed one's."""
+    targets, prep = TASKS[cfg.task.name].targets, not meta and preprocessing(cfg.model)
     train_set, val_set, meta = build_datasets(cfg.data, targets, meta, like, prep)
     return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta, cfg.best())
 

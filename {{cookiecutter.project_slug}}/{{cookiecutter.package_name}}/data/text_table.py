@@ -111,14 +111,12 @@ class TextTable(InMemoryDataset):
         if not isinstance(i, list):
             return self.ids[self.offsets[i] : self.offsets[i + 1]], self.y[i]
         rows = [self.ids[self.offsets[j] : self.offsets[j + 1]] for j in i]
-        batch = torch.full((len(i), max(len(r) for r in rows)), self.meta["pad_id"])
-        for row, ids in zip(batch, rows, strict=True):
-            row[: len(ids)] = ids
-        return batch, self.y[i]
+        return pad(rows, self.meta["pad_id"]), self.y[i]
 
 
-def read_texts(path: Path, opts: Options) -> tuple[list[str], list[str]]:
-    """(texts, labels) of a CSV's two columns, or of a folder's <class>/*.txt files."""
+def read_texts(path: Path, opts: Options, labelled: bool = True) -> tuple[list[str], list | None]:
+    """(texts, labels) of a CSV's two columns, or of a folder's <class>/*.txt files. Not
+    `labelled` (new texts to predict): a CSV may lack the label column (labels None)."""
     if path.is_dir():
         files = sorted(p for p in path.glob("*/*.txt") if not p.name.startswith("."))
         if not files:
@@ -132,7 +130,8 @@ def read_texts(path: Path, opts: Options) -> tuple[list[str], list[str]]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         rows = list(csv.DictReader(f))
     header = list(rows[0]) if rows else []
-    for column in (opts.text_column, opts.label):
+    has_labels = opts.label in header or labelled
+    for column in (opts.text_column, opts.label)[: 1 + has_labels]:
         if column not in header:
             raise ConfigError(
                 f"CSV file {str(path)!r} has no column {column!r} (it has "
@@ -145,6 +144,8 @@ def read_texts(path: Path, opts: Options) -> tuple[list[str], list[str]]:
             f"CSV file {str(path)!r} line {empty + 2}: column {opts.text_column!r} is empty; "
             "fill or drop that row"
         )
+    if not has_labels:
+        return texts, None
     labels = [(row[opts.label] or "").strip() for row in rows]
     if "" in labels:
         raise ConfigError(
@@ -196,6 +197,14 @@ def tokenizer_spec(source: str, max_length: int) -> dict:
         "max_length": max_length or limit,
         "pad_id": pad,
     }
+
+
+def pad(rows: list, pad_id: int) -> torch.Tensor:
+    """Token ids of several texts as one (N, longest) int64 batch, padded with `pad_id`."""
+    batch = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.int64)
+    for row, ids in zip(batch, rows, strict=True):
+        row[: len(ids)] = torch.as_tensor(ids)
+    return batch
 
 
 def tokenize(spec: dict, texts: list[str]) -> list[list[int]]:

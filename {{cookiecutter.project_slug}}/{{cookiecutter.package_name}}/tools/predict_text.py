@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.text_table import Options, read_texts, tokenize
+from ..data.text_table import Options, pad, read_texts, tokenize
 from ..errors import ConfigError
 from .inference import Trained
 
@@ -18,10 +18,7 @@ def read_text_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor
     opts = trained.cfg.data.options
     if not isinstance(opts, Options):
         raise ConfigError(f"CSV file {str(path)!r}: checkpoint {trained.path!r} reads no text")
-    header = path.open(encoding="utf-8-sig").readline()
-    has_labels = opts.label in [c.strip().strip('"') for c in header.strip().split(",")]
-    # Without labels: the texts alone (read_texts wants the label column; lend it one).
-    texts, labels = read_texts(path, opts) if has_labels else _texts_only(path, opts)
+    texts, labels = read_texts(path, opts, labelled=False)  # labels: None without them
     known = set(trained.classes or ())
     unknown = next((label for label in labels or () if label not in known), None)
     if unknown is not None:
@@ -30,7 +27,7 @@ def read_text_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor
             "model does not know; fix it or drop the column"
         )
     ids = [f"{path}:{i + 2}" for i in range(len(texts))]
-    return ids, padded(trained.meta, texts), labels if has_labels else None
+    return ids, padded(trained.meta, texts), labels
 
 
 def read_text_file(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, None]:
@@ -42,19 +39,4 @@ def read_text_file(path: Path, trained: Trained) -> tuple[list[str], torch.Tenso
 
 
 def padded(meta: dict, texts: list[str]) -> torch.Tensor:
-    ids = tokenize(meta, texts)
-    batch = torch.full((len(ids), max(map(len, ids))), meta["pad_id"], dtype=torch.int64)
-    for row, tokens in zip(batch, ids, strict=True):
-        row[: len(tokens)] = torch.tensor(tokens)
-    return batch
-
-
-def _texts_only(path: Path, opts: Options) -> tuple[list[str], None]:
-    import csv
-
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or opts.text_column not in rows[0]:
-        raise ConfigError(f"CSV file {str(path)!r} has no column {opts.text_column!r} of texts")
-    texts = [(row[opts.text_column] or "").strip() for row in rows]
-    return texts, None
+    return pad(tokenize(meta, texts), meta["pad_id"])

@@ -170,6 +170,26 @@ def needs(module: str):
     return pytest.importorskip(module, reason=f"the optional {module} is not installed")
 
 
+def block_network(monkeypatch, tmp_path: Path, test_file: str) -> None:
+    """Any attempt to reach a hub fails the test at once instead of hanging; the libraries'
+    caches are empty folders of the test. HF_HUB_OFFLINE=1, as an offline cluster sets it
+    (README), makes the hub client fail without its five retries (46 s); it reads it at
+    import, so it is set on the module too."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError(f"network blocked by the test ({test_file})")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(
+        importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", True
+    )
+
+
 def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path = ROOT):
     """Run `python <args>` from the project root; returns the CompletedProcess."""
     return subprocess.run(

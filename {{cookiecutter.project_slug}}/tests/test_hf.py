@@ -12,12 +12,11 @@ from __future__ import annotations
 import csv
 import json
 import re
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, needs
+from conftest import CONFIGS, block_network, needs
 
 from {{ cookiecutter.package_name }} import checkpoint, data
 from {{ cookiecutter.package_name }}.config import load_config
@@ -36,14 +35,7 @@ huggingface_hub = needs("huggingface_hub")
 
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch, tmp_path):
-    def refuse(*args, **kwargs):
-        raise OSError("network blocked by the test (tests/test_hf.py)")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    block_network(monkeypatch, tmp_path, "tests/test_hf.py")
 
 
 def tiny_bert(folder: Path, texts: list[str], max_length: int = 128) -> Path:

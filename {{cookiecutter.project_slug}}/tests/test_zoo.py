@@ -12,12 +12,11 @@ library into a failure, as CI sets it.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 
 import pytest
 import torch
-from conftest import CONFIGS, needs
+from conftest import CONFIGS, block_network, needs
 from test_image_folder import write_images
 
 from {{ cookiecutter.package_name }} import checkpoint
@@ -42,20 +41,7 @@ TIMM_ARCH = "test_resnet"  # timm's own 0.37M-parameter test model
 
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch, tmp_path):
-    """Any attempt to reach a hub fails the test at once instead of hanging; the libraries'
-    caches are empty folders of this test."""
-
-    def refuse(*args, **kwargs):
-        raise OSError("network blocked by the test (tests/test_zoo.py)")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    # What an offline cluster sets (README): timm's hub then fails at once, without the
-    # huggingface_hub's five retries (46 s). Read at its import, so set on the module too.
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    block_network(monkeypatch, tmp_path, "tests/test_zoo.py")
 
 
 def model_cfg(*args: str):

@@ -125,7 +125,7 @@ def test_commands_of_every_manager_and_compute(ce, manager, compute):
     else:
         source = ["--retries", "0", "--index-url", INDEX.format(compute)]
     creates = {
-        "uv": ["uv", "venv", ".venv", "--python", "3.12"],
+        "uv": ["uv", "venv", ".venv", "--python", "3.12", "--seed"],
         "venv": ["python3.12", "-m", "venv", ".venv"],
         **{
             tool: [tool, "env", "create", "-y", "-f", "environment.yml", "-p"]
@@ -376,6 +376,8 @@ def test_help(bake):
     result = run_script(bake(), "--help")
     assert result.returncode == 0
     assert "--manager" in result.stdout and "--smoke" in result.stdout
+    assert "COOKIECUTTER_PYTORCH_TORCH_INDEX  where torch comes from" in result.stdout
+    assert "a folder of wheels" in result.stdout
 
 
 def test_smoke_arguments_are_shell_split(ce):
@@ -427,7 +429,6 @@ def fail_at(ce, monkeypatch, tmp_path, kind: str) -> list[list[str]]:
     [
         (None, "https://download.pytorch.org/whl/cpu"),
         ("http://127.0.0.1:9/simple", "http://127.0.0.1:9/simple"),
-        ("/srv/wheels", "the wheel folder /srv/wheels"),
     ],
 )
 def test_failed_torch_step_names_the_index_and_the_fix(
@@ -443,6 +444,20 @@ def test_failed_torch_step_names_the_index_and_the_fix(
     assert f"from {where}: if it is unreachable from here, set {ce.INDEX_ENV} to a mirror" in line
     assert 'or to "" for the default index (the build is then checked to be cpu)' in line
     assert out.rstrip().splitlines()[-1].startswith("    retry: cd ")
+
+
+def test_a_wheel_folder_without_torch_s_dependencies_is_named_as_the_cause(
+    ce, tmp_path, monkeypatch, capsys
+):
+    """Offline, the folder is the only source: without filelock & co. pip fails on them."""
+    monkeypatch.setenv(ce.INDEX_ENV, "/srv/wheels")
+    fail_at(ce, monkeypatch, tmp_path, "torch")
+    assert ce.create("venv", sys.executable, "cpu", "3.11", tmp_path / "setup.log") is False
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if "torch could not be installed" in line]
+    assert "from the wheel folder /srv/wheels: it must hold torch's wheel and the" in line
+    assert "pip download 'torch>=2.6' -d /srv/wheels" in line
+    assert "unreachable" not in line
 
 
 def test_wrong_build_is_uninstalled_and_the_fix_named(ce, tmp_path, monkeypatch, capsys):
@@ -473,29 +488,42 @@ def test_wrong_build_already_in_the_environment(ce, tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize(
     "broken", ["train.lr=-1", pytest.param("train.epochs=oops", marks=pytest.mark.slow)]
 )
-def test_failed_smoke_test_keeps_the_project(tmp_path, broken):
-    env = clean_environ(COOKIECUTTER_PYTORCH_SMOKE_ARGS=broken)
-    answers = ("env_manager=none", "run_smoke_test=yes", "init_git=no")
-    result = run_cli(tmp_path, *answers, env=env)
-    assert result.returncode == 0, result.stderr
-    project = tmp_path / "my-pytorch-project"
-    assert (project / "scripts" / "smoke.py").is_file()
-    out = result.stdout
-    assert f"scripts/smoke.py {broken} ... FAILED" in out
+def test_failed_smoke_test_shows_the_log_and_the_retry(ce, bake, broken, monkeypatch, capsys):
+    """The smoke test runs in the project's environment: here a .venv/bin/python that is this
+    Python (which has torch) with the project on its path."""
+    project = bake()
+    python = project / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(ce, "PROJECT", project)
+    monkeypatch.setenv("PYTHONPATH", str(project))
+    monkeypatch.setenv(ce.SMOKE_ARGS_ENV, broken)
+    assert ce.smoke("venv", True, project / "setup.log") is False
+    out = capsys.readouterr().out
+    assert f"smoke test: .venv/bin/python scripts/smoke.py {broken} ... FAILED" in out
     assert f"last lines of {project / 'setup.log'}" in out
-    assert f"retry: cd {project} && PYTHONPATH={project} " in out
-    assert "setup had problems" in out
+    assert f"retry: cd {project} && .venv/bin/python scripts/smoke.py {broken}" in out
 
 
-@pytest.mark.slow
-@needs_torch
-def test_smoke_test_in_this_python_when_no_environment(bake, capfd):
-    project = bake(run_smoke_test="yes")
+@pytest.mark.parametrize("manager", ["none", "venv"])
+def test_no_smoke_test_outside_the_project_environment(ce, manager, tmp_path, capsys):
+    """Without the project's environment (none asked for, or creating it failed) the smoke
+    test is skipped rather than run in cookiecutter's Python, where a pass proves nothing."""
+    log = tmp_path / "setup.log"
+    assert ce.smoke(manager, False, log) is (manager == "none")
+    out = capsys.readouterr().out
+    why = "none was created" if manager == "none" else "creating it failed (above)"
+    assert f"smoke test: skipped, it runs in the project's environment and {why}" in out
+    assert "make smoke" in out and not log.exists()
+
+
+def test_generation_without_environment_runs_no_smoke_test(bake, capfd):
+    project = bake(run_smoke_test="yes")  # env_manager=none
     out = capfd.readouterr().out
-    assert "smoke test: in this Python" in out
-    assert "scripts/smoke.py ... passed" in out
-    assert "ready" in out
-    assert "$ " in (project / "setup.log").read_text(encoding="utf-8")
+    assert "smoke test: skipped, it runs in the project's environment and none was created" in out
+    assert "cookiecutter-pytorch: ready" in out
+    assert not (project / "setup.log").exists()
 
 
 # --- real environments (slow) ---
@@ -579,9 +607,14 @@ def test_uv_for_real_from_a_wheel_folder(tmp_path, torch_pin):
     answers = ("env_manager=uv", "run_smoke_test=yes", "init_git=no", "compute=cpu")
     result = run_cli(tmp_path, *answers, env=env)
     assert result.returncode == 0, result.stderr
-    assert " venv .venv --python 3.11 ... done" in result.stdout
+    assert " venv .venv --python 3.11 --seed ... done" in result.stdout
     assert f"--no-index --find-links {wheels} 'torch>=2.6' ... done" in result.stdout
-    assert_environment_works(tmp_path / "my-pytorch-project", result.stdout)
+    project = tmp_path / "my-pytorch-project"
+    assert_environment_works(project, result.stdout)
+    # make install and the README's `pip install ...` (with .venv active) need pip in .venv
+    python = str(project / ".venv/bin/python")
+    pip = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True)
+    assert pip.returncode == 0 and str(project / ".venv") in pip.stdout, pip.stderr
 
 
 UNREACHABLE = "http://127.0.0.1:9/simple"  # nothing listens on port 9: refused at once
@@ -629,5 +662,5 @@ def test_failed_install_keeps_the_project(tmp_path):
     assert "pip install 'torch>=2.6' ... FAILED" in out
     assert "torch could not be installed from the default index" in out
     assert "retry: cd" in out and "python scripts/create_env.py" in out
-    assert "smoke test: in this Python" in out or "smoke test: skipped" in out
+    assert "it runs in the project's environment and creating it failed" in out
     assert "setup had problems" in out

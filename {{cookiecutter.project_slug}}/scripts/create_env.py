@@ -36,7 +36,6 @@ non-zero when a step failed or the tool is missing. Standard library only.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -219,7 +218,9 @@ def plan(
         create = [tool or manager, "env", "create", "-y", "-f", "environment.yml", "-p", prefix]
         install = [python, "-m", "pip", "install"]
     elif manager == "uv":
-        create = [tool or "uv", "venv", VENV_DIR, "--python", python_version]
+        # --seed puts pip in .venv, so that `make install` and the README's `pip install`
+        # (with .venv active) reach this environment, not a pip outside it.
+        create = [tool or "uv", "venv", VENV_DIR, "--python", python_version, "--seed"]
         install = [tool or "uv", "pip", "install", "--python", python]
     elif manager == "venv":
         create = [tool or f"python{python_version}", "-m", "venv", VENV_DIR]
@@ -255,6 +256,13 @@ def torch_fix(index: str | None, compute: str) -> str:
             "another wheel index (URL) or a folder of wheels"
         )
     build = "" if compute == "auto" else f" (the build is then checked to be {compute})"
+    if not is_url(index):  # offline: nothing else is looked at, so the folder must hold it all
+        return (
+            f"torch could not be installed from {torch_source(index)}: it must hold torch's wheel "
+            "and the wheels of its dependencies (filelock, sympy, networkx, ...); fill it on a "
+            f"machine with network with `pip download '{torch_requirement()}' -d {index}` for "
+            f'this platform and Python, or set {INDEX_ENV}="" for the default index{build}'
+        )
     return (
         f"torch could not be installed from {torch_source(index)}: if it is unreachable from "
         f"here, set {INDEX_ENV} to a mirror of it, or to a folder of wheels downloaded from it, "
@@ -357,35 +365,18 @@ def create(
     return True
 
 
-def smoke_python(manager: str, created: bool) -> tuple[Path | None, dict[str, str]]:
-    """The interpreter for the smoke test and the variables it needs on top of os.environ.
-
-    The new environment's python; when none was created, this one if it has torch (with the
-    project on PYTHONPATH, since the package is not installed in it); else None.
-    """
-    if created and manager != "none":
-        return env_python(manager), {}
-    if importlib.util.find_spec("torch") is None:
-        return None, {}
-    paths = [str(PROJECT), os.environ.get("PYTHONPATH", "")]
-    return Path(sys.executable), {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
-
-
 def smoke(manager: str, created: bool, log: Path) -> bool:
-    """Run scripts/smoke.py; report pass or fail, its time, its last line or the log's tail."""
-    python, extra_env = smoke_python(manager, created)
-    if python is None:
-        say("  smoke test: skipped (no environment was created and this Python has no torch)")
-        return False
-    if python.is_relative_to(PROJECT):
-        python = python.relative_to(PROJECT)
-    else:
-        say(f"  smoke test: in this Python ({python}), since no environment was created")
-    cmd = smoke_command(str(python))
-    env = {**os.environ, **extra_env}
-    if not run_step(f"smoke test: {shlex.join(cmd)}", cmd, log, env=env, ok="passed"):
-        variables = "".join(f"{k}={shlex.quote(v)} " for k, v in extra_env.items())
-        say(f"    retry: cd {shlex.quote(str(PROJECT))} && {variables}{shlex.join(cmd)}")
+    """Run scripts/smoke.py in the new environment; report pass or fail, its time, its last
+    line or the log's tail. Never in another Python (this one is cookiecutter's): a pass there
+    would say nothing of the project's environment."""
+    if not created or manager == "none":
+        why = "none was created" if manager == "none" else "creating it failed (above)"
+        say(f"  smoke test: skipped, it runs in the project's environment and {why}; once")
+        say("    there is one: make smoke (or python scripts/smoke.py in it)")
+        return manager == "none"  # not asked for an environment: not a failure
+    cmd = smoke_command(str(env_python(manager, PROJECT).relative_to(PROJECT)))
+    if not run_step(f"smoke test: {shlex.join(cmd)}", cmd, log, ok="passed"):
+        say(f"    retry: cd {shlex.quote(str(PROJECT))} && {shlex.join(cmd)}")
         return False
     lines = [line for line in last_output(log) if line.strip()]
     if lines:
@@ -417,7 +408,9 @@ def next_step(manager: str, created: bool, project: Path = PROJECT) -> str | Non
 def parse_args(argv: list[str] | None, answers: dict) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
-        epilog="Details: the top of scripts/create_env.py.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__[__doc__.index("Environment variables:") :].split("\n\nTool output")[0]
+        + "\n\nDetails: the top of scripts/create_env.py.",
     )
     parser.add_argument(
         "--manager",

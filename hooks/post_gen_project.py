@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,8 +48,99 @@ def run_by_cruft(answers: dict) -> bool:
     return "_commit" in answers
 
 
+# The features a project may leave out: the files that are theirs alone, removed when the
+# feature is not chosen. Lines of shared files that belong to a feature are marked (see
+# FEATURE_MARK); the rest of the project does not know the feature exists.
+FEATURES = {
+    "gpu_check": (
+        "scripts/gpu_check.py",
+        "scripts/gpu_checks",
+        "scripts/benchmark_gpu.py",
+        "tests/test_gpu_check.py",
+        "tests/test_benchmark_gpu.py",
+    ),
+}
+# What each preset chooses; a feature answered "preset" takes its preset's value.
+PRESETS = {
+    "full": dict.fromkeys(FEATURES, "yes"),
+    "lean": dict.fromkeys(FEATURES, "no"),
+}
+# A block of lines that belongs to feature NAME, in the comment syntax of its file:
+#   # >>> NAME ... # <<< NAME    or, in Markdown,    <!-- >>> NAME --> ... <!-- <<< NAME -->
+# and one line: a trailing `# feature: NAME` (or `<!-- feature: NAME -->`). The marks are
+# removed from every bake; the marked lines stay only when NAME is chosen.
+FEATURE_MARK = re.compile(r"^\s*(?:#|<!--) (>>>|<<<) (\w+)(?: -->)?\s*$")
+LINE_MARK = re.compile(r"\s*(?:# feature: (\w+)|<!-- feature: (\w+) -->)\s*$")
+# Files that may hold marks (the others are not read).
+MARKED_SUFFIXES = {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".sh", ".cfg", ""}
+
+
+def chosen_features(answers: dict) -> dict[str, bool]:
+    """{feature: chosen}, each "preset" answer resolved through the preset."""
+    preset = PRESETS.get(answers.get("preset", "full"), PRESETS["full"])
+    values = {name: answers.get(name, "preset") for name in FEATURES}
+    return {name: (preset[name] if v == "preset" else v) == "yes" for name, v in values.items()}
+
+
+def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> str:
+    """`text` without the lines of unchosen features and without any mark; a mark of an
+    unknown feature or an unclosed block is an error of the template, raised."""
+    kept, open_blocks = [], []
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        block = FEATURE_MARK.match(line)
+        if block:
+            kind, name = block.groups()
+            if name not in chosen:
+                raise ValueError(f"{where}:{number}: unknown feature {name!r}")
+            if kind == ">>>":
+                open_blocks.append(name)
+            elif not open_blocks or open_blocks.pop() != name:
+                raise ValueError(f"{where}:{number}: '<<< {name}' closes no open block")
+            continue
+        tag = LINE_MARK.search(line)
+        names = list(open_blocks)
+        if tag:
+            names.append(tag.group(1) or tag.group(2))
+            if names[-1] not in chosen:
+                raise ValueError(f"{where}:{number}: unknown feature {names[-1]!r}")
+            line = line[: tag.start()] + line[tag.end() :].lstrip(" \t")
+            line = line if line.endswith("\n") else line + "\n"
+        if all(chosen[name] for name in names):
+            kept.append(line)
+    if open_blocks:
+        raise ValueError(f"{where}: block '>>> {open_blocks[-1]}' is not closed")
+    return "".join(kept)
+
+
+def apply_features(answers: dict, project: Path) -> None:
+    """Remove the files of the features not chosen and the marked lines of shared files; the
+    marks go from every file. Running it again changes nothing."""
+    chosen = chosen_features(answers)
+    for name, paths in FEATURES.items():
+        if chosen[name]:
+            continue
+        for path in map(project.joinpath, paths):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+    skip = {".git", ".venv", ".conda-env", "__pycache__", "node_modules"}
+    for path in project.rglob("*"):
+        if path.suffix not in MARKED_SUFFIXES or not path.is_file() or skip & set(path.parts):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if ">>> " in text or "feature: " in text:
+            new = keep_marked_lines(text, chosen, str(path.relative_to(project)))
+            if new != text:
+                path.write_text(new, encoding="utf-8")
+
+
 def remove_unused_files(answers: dict, project: Path) -> None:
     """Files that only some answers need (the template renders them for every answer)."""
+    apply_features(answers, project)
     if answers.get("license") == "none":
         (project / "LICENSE").unlink(missing_ok=True)
     if answers.get("ci") == "none":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import defaults
+from conftest import FAST, TEMPLATE, defaults
+from cookiecutter.main import cookiecutter
 
 # Every file a default bake must produce, and nothing else.
 EXPECTED = {
@@ -182,6 +184,7 @@ EXPECTED = {
     "tests/test_benchmarks.py",
     "tests/test_cuda.py",
     "tests/test_gpu_check.py",
+    "tests/test_benchmark_gpu.py",
     "tests/test_sweep.py",
     "tests/test_sweep_optuna.py",
     "tests/test_text.py",
@@ -232,12 +235,6 @@ def test_default_bake_has_exactly_the_expected_files(bake):
     assert files_of(project) == expected
 
 
-def test_docker_yes_adds_exactly_the_container_files(bake):
-    project = bake(docker="yes")
-    expected = {f.replace("PKG", "my_pytorch_project") for f in EXPECTED | DOCKER_FILES}
-    assert files_of(project) == expected
-
-
 def test_no_template_syntax_survives(bake):
     project = bake(**AWKWARD, docker="yes")
     for path in project.rglob("*"):
@@ -271,45 +268,147 @@ def test_slug_and_package_are_derived_from_the_name(bake):
     assert (project / "ca_va_model_2" / "trainer.py").is_file()
 
 
-# Options that change files cross each other; the rest rotate so every value appears.
-MATRIX = [
-    {"license": "MIT", "python_version": "3.11", "compute": "auto", "ci": "github"},
-    {"license": "BSD-3-Clause", "python_version": "3.12", "compute": "cpu", "ci": "none"},
-    {"license": "Apache-2.0", "python_version": "3.12", "compute": "cu126", "ci": "github"},
-    {
-        "license": "none",
-        "python_version": "3.13",
-        "compute": "cu128",
-        "ci": "none",
-        "docker": "yes",
+# --- every pair of values of the template's options, baked ---
+
+PAIRWISE = TEMPLATE / "{{cookiecutter.project_slug}}" / "tests" / "pairwise.py"
+# run_smoke_test and init_git act after the files are written (test_hooks.py and
+# test_env_setup.py test them); every other choice is an axis of the covering array.
+SETUP_OPTIONS = ("run_smoke_test", "init_git")
+# The files of each feature a project may leave out, and the names that would be a trace of it.
+FEATURE_FILES = {
+    "gpu_check": {
+        "scripts/gpu_check.py",
+        *(f"scripts/gpu_checks/{name}.py" for name in ("__init__", "common", "numerics")),
+        *(f"scripts/gpu_checks/{name}.py" for name in ("paths", "ranks", "registry")),
+        *(f"scripts/gpu_checks/{name}.py" for name in ("report", "speed", "pretrained")),
+        "scripts/benchmark_gpu.py",
+        "tests/test_gpu_check.py",
+        "tests/test_benchmark_gpu.py",
     },
-    {"license": "MIT", "python_version": "3.12", "compute": "cu130", "ci": "github", **AWKWARD},
-]
+}
+FEATURE_TRACES = {"gpu_check": re.compile(r"gpu[ _-]?checks?|benchmark_gpu", re.IGNORECASE)}
+# What the template uses to mark a feature's lines: none may be left in a bake.
+MARKS = re.compile(r"^\s*(#|<!--) (>>>|<<<) \w+|(#|<!--) feature: \w+", re.MULTILINE)
 
 
-@pytest.mark.parametrize("context", MATRIX, ids=lambda c: "-".join(list(c.values())[:3]))
-def test_option_matrix_is_lint_clean_and_parses(bake, context):
-    project = bake(**context)
-    for path in project.rglob("*.py"):
-        ast.parse(path.read_text(), filename=str(path))
+def option_axes() -> dict[str, list]:
+    return {
+        key: values
+        for key, values in defaults().items()
+        if isinstance(values, list) and not key.startswith("_") and key not in SETUP_OPTIONS
+    }
+
+
+def covering_cases() -> list[dict]:
+    """The baked project's own pairwise generator (tests/pairwise.py) over the options."""
+    spec = importlib.util.spec_from_file_location("template_pairwise", PAIRWISE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.covering_cases(option_axes())
+
+
+CASES = covering_cases()
+
+
+def chosen(case: dict, feature: str) -> bool:
+    """The README's rule: a feature answered "preset" is in the full preset, not in lean."""
+    value = case[feature]
+    return case["preset"] == "full" if value == "preset" else value == "yes"
+
+
+def expected_files(case: dict, package: str) -> set[str]:
+    files = set(EXPECTED)
+    for feature, paths in FEATURE_FILES.items():
+        if not chosen(case, feature):
+            files -= paths
+    if case["license"] == "none":
+        files.discard("LICENSE")
+    if case["ci"] == "none":
+        files.discard(".github/workflows/ci.yml")
+    if case["docker"] == "yes":
+        files |= DOCKER_FILES
+    return {f.replace("PKG", package) for f in files}
+
+
+def test_the_cases_hold_every_pair_of_option_values():
+    axes = option_axes()
+    assert {"license", "compute", "env_manager", "preset", *FEATURE_FILES} <= set(axes)
+    wanted = {
+        ((a, va), (b, vb))
+        for a, b in itertools.combinations(axes, 2)
+        for va in axes[a]
+        for vb in axes[b]
+    }
+    held = {
+        ((a, case[a]), (b, case[b])) for case in CASES for a, b in itertools.combinations(axes, 2)
+    }
+    assert wanted <= held, sorted(wanted - held)[:5]
+    # near the least any covering array needs: the two largest choice lists' product
+    least = max(len(axes[a]) * len(axes[b]) for a, b in itertools.combinations(axes, 2))
+    assert len(CASES) <= 1.25 * least
+
+
+@pytest.fixture(scope="module")
+def baked_cases(tmp_path_factory):
+    """Every case baked once (the first with awkward answers), without the setup steps."""
+    out = tmp_path_factory.mktemp("cases")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COOKIECUTTER_PYTORCH_SKIP_SETUP", "1")
+        projects = []
+        for number, case in enumerate(CASES):
+            context = {**FAST, **case, **(AWKWARD if number == 0 else {})}
+            path = cookiecutter(
+                str(TEMPLATE),
+                no_input=True,
+                extra_context=context,
+                output_dir=str(out / str(number)),
+            )
+            projects.append(Path(path))
+    return out, projects
+
+
+def test_every_case_is_lint_clean(baked_cases):
+    """One ruff run over all the cases: each file is checked with its own project's settings."""
+    out, _ = baked_cases
     for args in (["check", "."], ["format", "--check", "."]):
         proc = subprocess.run(
-            [sys.executable, "-m", "ruff", *args], cwd=project, capture_output=True, text=True
+            [sys.executable, "-m", "ruff", *args, "--no-cache"],
+            cwd=out,
+            capture_output=True,
+            text=True,
         )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+
+
+@pytest.mark.parametrize("number", range(len(CASES)))
+def test_each_case_has_exactly_its_files_and_no_trace_of_what_was_left_out(baked_cases, number):
+    case, project = CASES[number], baked_cases[1][number]
+    package = json.loads((project / ".cookiecutter.json").read_text())["package_name"]
+    assert files_of(project) == expected_files(case, package)
+    left_out = [FEATURE_TRACES[f] for f in FEATURE_FILES if not chosen(case, f)]
+    for path in project.rglob("*"):
+        if not path.is_file() or path.name == ".cookiecutter.json":  # the answers name them
+            continue
+        text = path.read_text(errors="ignore")
+        assert not MARKS.search(text), path
+        for trace in left_out:
+            found = trace.search(text)
+            assert found is None, f"{path}: {found and found.group()}"
+        if path.suffix == ".py":
+            ast.parse(text, filename=str(path))
+
+
+@pytest.mark.parametrize("number", range(len(CASES)))
+def test_each_case_s_metadata_follows_its_answers(baked_cases, number):
+    case, project = CASES[number], baked_cases[1][number]
     license_file = project / "LICENSE"
-    if context["license"] == "none":
-        assert not license_file.exists()
-    else:
-        assert context["license"].split("-")[0] in license_file.read_text()[:200].replace(" ", "-")
+    if case["license"] != "none":
+        assert case["license"].split("-")[0] in license_file.read_text()[:200].replace(" ", "-")
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
-    assert meta["requires-python"] == f">={context['python_version']}"
-    docker = context.get("docker", "no") == "yes"
-    assert all((project / name).exists() == docker for name in DOCKER_FILES)
-    workflow = project / ".github" / "workflows" / "ci.yml"
-    assert workflow.is_file() == (context["ci"] == "github")
-    assert (project / ".github").exists() == (context["ci"] == "github")
-    assert (project / ".pre-commit-config.yaml").is_file()  # pre-commit does not need CI
+    assert meta["requires-python"] == f">={case['python_version']}"
+    answers = json.loads((project / ".cookiecutter.json").read_text())
+    assert {key: answers[key] for key in case} == case
 
 
 def test_every_path_named_by_readme_and_makefile_exists(bake):
@@ -393,3 +492,23 @@ def test_baked_project_passes_its_own_suite(bake):
     tail = "\n".join(proc.stdout.splitlines()[-80:])
     assert proc.returncode == 0, tail + proc.stderr[-2000:]
     assert re.search(r"\d+ passed", tail) and "deselected" not in tail, tail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["lean"])
+def test_a_preset_bake_passes_its_own_fast_layer(bake, preset):
+    """What `make test` runs in a project baked with the preset (the full bake's whole suite
+    runs above): its tests must not lean on a file the preset leaves out."""
+    project = bake(preset=preset)
+    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-n", "auto"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    tail = "\n".join(proc.stdout.splitlines()[-30:])
+    assert proc.returncode == 0, tail + proc.stderr[-2000:]
+    assert re.search(r"\d+ passed", tail), tail

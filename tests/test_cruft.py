@@ -124,6 +124,46 @@ def test_cruft_create_then_update_keeps_user_edits(tmp_path, env, skip_variable,
     run([*CRUFT, "check"], project, env)
 
 
+@pytest.mark.slow
+def test_cruft_update_brings_a_feature_in_and_takes_it_out(tmp_path, env):
+    """An option changed in .cruft.json (here through --variables-to-update) adds the feature's
+    files and lines, or removes them, and leaves the user's own edits and files alone."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    pytest.importorskip("cruft")
+    env["COOKIECUTTER_PYTORCH_SKIP_SETUP"] = "1"
+    template = template_repo(tmp_path, env)
+    extra = json.dumps({**FAST, "preset": "lean"})
+    run([*CRUFT, "create", str(template), "--no-input", "--output-dir", str(tmp_path),
+         "--extra-context", extra], tmp_path, env)  # fmt: skip
+    project = tmp_path / "my-pytorch-project"
+    feature = [project / "scripts" / "gpu_check.py", project / "scripts" / "gpu_checks"]
+    makefile = project / "Makefile"
+    assert not any(path.exists() for path in feature) and "gpu-check" not in makefile.read_text()
+    run(["git", "init", "-q"], project, env)
+    commit_all(project, env, "generated")
+    makefile.write_text(f"{USER_LINE}\n{makefile.read_text()}")
+    mine = project / "tests" / "test_mine.py"
+    mine.write_text('"""Mine."""\n')
+    commit_all(project, env, "my edits")
+
+    for value in ("yes", "no"):
+        update = ["update", "-y", "--variables-to-update", json.dumps({"gpu_check": value})]
+        run([*CRUFT, *update], project, env)
+        assert all(path.exists() == (value == "yes") for path in feature), value
+        text = makefile.read_text()
+        assert text.startswith(USER_LINE) and ("gpu-check:" in text) == (value == "yes")
+        assert mine.read_text() == '"""Mine."""\n'
+        assert (
+            json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"][
+                "gpu_check"
+            ]
+            == value
+        )
+        assert not list(project.rglob("*.rej")) and not list(project.rglob("*.orig"))
+        commit_all(project, env, f"gpu_check={value}")
+
+
 # --- .cookiecutter.json: the answers, without the generating machine's paths ---
 
 

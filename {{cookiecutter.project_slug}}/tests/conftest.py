@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -188,6 +189,14 @@ def block_network(monkeypatch, tmp_path: Path, test_file: str) -> None:
     monkeypatch.setattr(
         importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", True
     )
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package), its main() not run."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path = ROOT):

@@ -1,6 +1,7 @@
 """The option combinations that tests/test_combinations.py runs: every pair of values of the
 axes below appears in at least one case (a covering array, built greedily), and each case is
-either expected to train or to be refused up front by one of REFUSED's rules.
+either expected to train or to be refused up front by one of REFUSED's rules. The generator
+takes other axes too (the template's tests build the covering array of its options with it).
 
 Adding an axis or a value adds cases by itself; adding a refusal to the project means adding
 its rule here (and a line to the README's table of refused combinations).
@@ -108,7 +109,7 @@ REFUSED = [
     ),
 ]
 
-# Cases the CPU cannot run (listed by the suite, run by scripts/gpu_check.py on CUDA).
+# Cases the CPU cannot run (listed by the suite; COMBINATIONS_DEVICE=cuda runs them).
 GPU_ONLY = {"amp": ["fp16"], "cpu_offload": [True]}
 
 
@@ -136,7 +137,7 @@ def _pairs(case: dict) -> set:
 def possible(case: dict, device: str, axes: dict = AXES) -> bool:
     """Whether some case holding `case` (a part of one) trains on `device`: no rule refuses
     it. Only the axes the rules name matter: a search over them, remembered."""
-    named = sorted({axis for rule in REFUSED for axis in rule.when})
+    named = sorted({axis for rule in REFUSED for axis in rule.when if axis in axes})
     fixed = tuple((axis, case[axis]) for axis in named if axis in case)
     free = tuple((axis, tuple(axes[axis])) for axis in named if axis not in case)
     return _possible(fixed, free, device)
@@ -184,15 +185,16 @@ def covering_cases(axes: dict = AXES, device: str = "cpu") -> list[dict]:
         for axis, value in case.items():
             uses[(axis, repr(value))] += 1
         cases.append(case)
-    return cases + _refused_cases(cases, device)
+    return cases + _refused_cases(cases, device, axes)
 
 
-def _refused_cases(cases: list[dict], device: str) -> list[dict]:
-    """One case per rule that holds on `device`: a training case with the rule's combination
-    put in, preferably one that had none of it, and that no earlier rule refuses."""
+def _refused_cases(cases: list[dict], device: str, axes: dict) -> list[dict]:
+    """One case per rule that holds on `device` (and names only these axes): a training case
+    with the rule's combination put in, preferably one that had none of it, and that no
+    earlier rule refuses."""
     refused = []
     for rule in REFUSED:
-        if device not in rule.devices:
+        if device not in rule.devices or not set(rule.when) <= set(axes):
             continue
         fresh = [c for c in cases if all(c[a] != values[0] for a, values in rule.when.items())]
         for base in fresh + cases:

@@ -10,7 +10,7 @@ a setting silently dropped fails the case, and the failure prints the command to
 One-process cases run in this process (the SIGTERM is raised right after the run's first line,
 so it stops after one step); two-rank cases run under torchrun and the SIGTERM goes to its
 whole process group after the first epoch, as SLURM sends it. COMBINATIONS_DEVICE=cuda runs
-the suite on GPUs (scripts/gpu_check.py does): fp16 and NCCL cases train there instead of
+the suite on GPUs: fp16 and NCCL cases train there instead of
 being refused.
 """
 

@@ -1,4 +1,4 @@
-"""CUDA paths: marked `cuda` (scripts/gpu_check.py runs `pytest -m cuda` on a GPU), the
+"""CUDA paths: marked `cuda` (`pytest -m cuda` on a GPU runs them), the
 GPU-only ones skipped elsewhere; torch.compile, on the GPU where there is one; and TF32 as
 train.tf32 sets it, whose flags are torch's and testable without a GPU."""
 

@@ -48,8 +48,10 @@ BAD_ARGUMENTS = {
     ),
     "sweep": (lambda argv: sweep_cli.main(ROOT, argv), ["--name", "s", "--parallel", MB]),
     "doctor": (lambda argv: script_main("doctor.py")(argv), [f"--nope={MB}"]),
+    # >>> gpu_check
     "benchmark_gpu": (lambda argv: script_main("benchmark_gpu.py")(argv), ["--steps", MB]),
     "gpu_check": (lambda argv: script_main("gpu_check.py")(argv), ["--only", MB]),
+    # <<< gpu_check
 }
 
 

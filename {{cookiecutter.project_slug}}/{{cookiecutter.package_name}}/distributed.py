@@ -83,8 +83,8 @@ def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
 
 
 # DIST_BACKEND=gloo: CUDA ranks talk over gloo instead of NCCL. NCCL refuses two ranks on one
-# GPU; gloo lets several share it (slowly, through host memory), which is how
-# scripts/gpu_check.py runs DDP, SyncBatchNorm and fsdp on two ranks of a one-GPU machine.
+# GPU; gloo lets several share it (slowly, through host memory): DDP, SyncBatchNorm and fsdp
+# then run on two ranks of a one-GPU machine.
 BACKEND_VARIABLE = "DIST_BACKEND"
 
 

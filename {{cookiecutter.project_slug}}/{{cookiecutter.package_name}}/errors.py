@@ -5,7 +5,7 @@ the scripts read it before their heavy imports."""
 import re
 
 # EX_TEMPFAIL: stopped by a signal (SIGTERM, SIGUSR1, a first Ctrl-C in training) before the
-# work was done; run the same command again. Training, the tools, the sweep and the GPU check.
+# work was done; run the same command again: training, the tools and the scripts all use it.
 EXIT_STOPPED = 75
 
 

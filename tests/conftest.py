@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,17 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 # Bakes in the fast tests skip the heavy post-generation steps; the tests of those steps
 # turn them back on explicitly.
 FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no"}
+
+
+# What a copy of the template leaves out: git's data and the ignored folders (the CI's venv).
+NOT_TEMPLATE = (".git", ".ci-venv", ".venv", ".gl", ".whl", "build", ".benchmarks")
+NOT_TEMPLATE += ("__pycache__", ".pytest_cache", ".ruff_cache")
+
+
+def copy_template(dest: Path) -> Path:
+    """A copy of the template at `dest`, without what git ignores here."""
+    shutil.copytree(TEMPLATE, dest, ignore=shutil.ignore_patterns(*NOT_TEMPLATE))
+    return dest
 
 
 def defaults() -> dict:

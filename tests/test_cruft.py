@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from _hookutil import HOOK_VARIABLES, load_module
-from conftest import FAST, TEMPLATE
+from conftest import FAST, TEMPLATE, copy_template
 from cookiecutter.main import cookiecutter
 
 GIT_IDENTITY = {
@@ -57,8 +57,7 @@ def commit_all(repo: Path, env: dict, message: str) -> None:
 def template_repo(tmp_path: Path, env: dict) -> Path:
     """A copy of the template with a git history of its own (this checkout may be a worktree)."""
     repo = tmp_path / "template"
-    ignore = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", ".ruff_cache")
-    shutil.copytree(TEMPLATE, repo, ignore=ignore)
+    copy_template(repo)
     run(["git", "init", "-q"], repo, env)
     commit_all(repo, env, "template v1")
     return repo
@@ -124,7 +123,6 @@ def test_cruft_create_then_update_keeps_user_edits(tmp_path, env, skip_variable,
     run([*CRUFT, "check"], project, env)
 
 
-@pytest.mark.slow
 def test_cruft_update_brings_a_feature_in_and_takes_it_out(tmp_path, env):
     """An option changed in .cruft.json (here through --variables-to-update) adds the feature's
     files and lines, or removes them, and leaves the user's own edits and files alone."""

@@ -31,10 +31,23 @@ def test_ci_runs_the_readmes_test_command():
 
 
 def test_readme_generate_command_uses_the_embedded_defaults():
+    """In a venv of its own (PEP 668 systems refuse a global pip), with no answer given."""
     generate, _ = setup_commands()
-    install, bake = generate.split(" && ")
+    venv, activate, install, bake = generate.split(" && ")
+    assert (venv, activate) == ("python3 -m venv .venv", ". .venv/bin/activate")
     assert install == "pip install cookiecutter"
     assert shlex.split(bake) == ["cookiecutter", "--no-input", ".", "--output-dir", ".."]
+    assert "/.venv/" in (TEMPLATE / ".gitignore").read_text().split()  # never committed
+
+
+def test_readme_test_command_takes_torch_s_cpu_build():
+    _, test = setup_commands()
+    install, run = test.split(" && ")
+    assert shlex.split(install) == [
+        *("python", "-m", "pip", "install", "-r", "requirements-dev.txt"),
+        *("--extra-index-url", "https://download.pytorch.org/whl/cpu"),
+    ]
+    assert run == "python -m pytest"
 
 
 def test_readmes_author_example_bakes_the_author_it_shows(tmp_path):

@@ -1,0 +1,153 @@
+"""Features chosen at generation: the presets, the marks of a feature's lines in shared files,
+and the post-generation hook that removes what was not chosen (tests/test_bake.py bakes every
+pair of option values and greps each bake for traces)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from _hookutil import TEMPLATE, render_hook
+from conftest import FAST, copy_template
+from cookiecutter.main import cookiecutter
+
+PROJECT = TEMPLATE / "{{cookiecutter.project_slug}}"
+
+
+@pytest.fixture
+def post(tmp_path):
+    return render_hook("post_gen_project", tmp_path)
+
+
+def test_each_feature_is_an_option_with_preset_yes_no_and_a_prompt(post):
+    options = json.loads((TEMPLATE / "cookiecutter.json").read_text())
+    prompts = options["__prompts__"]
+    assert options["preset"] == ["full", "lean"] == list(post.PRESETS)
+    for feature in post.FEATURES:
+        assert options[feature] == ["preset", "yes", "no"], feature
+        assert set(prompts[feature]) == {"__prompt__", "preset", "yes", "no"}, feature
+    assert set(prompts["preset"]) == {"__prompt__", "full", "lean"}
+
+
+def test_every_option_is_in_the_readme_s_table_with_its_values():
+    options = json.loads((TEMPLATE / "cookiecutter.json").read_text())
+    readme = (TEMPLATE / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_]+)`[^|]*\| [^|]*\| (.*) \|$", readme, re.M))
+    for name, values in options.items():
+        if name.startswith("_") or name in ("description", "author_name", "author_email"):
+            continue
+        assert name in rows, name
+        if isinstance(values, list):
+            assert all(value in rows[name] for value in values), (name, rows[name])
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ({"preset": "full"}, True),
+        ({"preset": "lean"}, False),
+        ({"preset": "lean", "gpu_check": "yes"}, True),
+        ({"preset": "full", "gpu_check": "no"}, False),
+        ({}, True),  # answers saved before the option existed: today's full project
+    ],
+)
+def test_a_preset_answer_takes_the_preset_s_value(post, answers, expected):
+    assert post.chosen_features({"gpu_check": "preset", **answers})["gpu_check"] is expected
+
+
+def test_every_feature_file_is_in_the_template(post):
+    for feature, paths in post.FEATURES.items():
+        for path in paths:
+            assert (PROJECT / path).exists(), (feature, path)
+
+
+TEXT = """keep 1
+# >>> gpu_check
+only with the feature
+  # >>> gpu_check
+  nested, same feature
+  # <<< gpu_check
+# <<< gpu_check
+<!-- >>> gpu_check -->
+markdown block
+<!-- <<< gpu_check -->
+tagged = 1  # feature: gpu_check
+| a row | <!-- feature: gpu_check -->
+keep 2
+"""
+
+
+def test_marked_lines_stay_only_with_their_feature_and_no_mark_stays(post):
+    without = post.keep_marked_lines(TEXT, {"gpu_check": False})
+    assert without == "keep 1\nkeep 2\n"
+    with_it = post.keep_marked_lines(TEXT, {"gpu_check": True})
+    assert with_it.splitlines() == [
+        "keep 1",
+        "only with the feature",
+        "  nested, same feature",
+        "markdown block",
+        "tagged = 1",
+        "| a row |",
+        "keep 2",
+    ]
+    assert post.keep_marked_lines(with_it, {"gpu_check": False}) == with_it  # nothing left
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("# >>> nope\nx\n# <<< nope\n", "unknown feature 'nope'"),
+        ("x = 1  # feature: nope\n", "unknown feature 'nope'"),
+        ("# >>> gpu_check\nx\n", "block '>>> gpu_check' is not closed"),
+        ("x\n# <<< gpu_check\n", "'<<< gpu_check' closes no open block"),
+    ],
+)
+def test_a_broken_mark_is_an_error_naming_file_and_line(post, text, error):
+    with pytest.raises(ValueError, match=re.escape(error)) as raised:
+        post.keep_marked_lines(text, {"gpu_check": True}, "Makefile")
+    assert str(raised.value).startswith("Makefile")
+
+
+def test_every_mark_in_the_template_is_well_formed(post):
+    """Each file of the baked project parses under both values of every feature."""
+    marked = 0
+    for path in PROJECT.rglob("*"):
+        if path.suffix not in post.MARKED_SUFFIXES or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        lines = text.splitlines()
+        if not any(post.FEATURE_MARK.match(line) or post.LINE_MARK.search(line) for line in lines):
+            continue
+        marked += 1
+        for value in (True, False):
+            post.keep_marked_lines(text, dict.fromkeys(post.FEATURES, value), str(path))
+    assert marked >= 3
+
+
+def test_applying_the_features_twice_changes_nothing(post, bake, tmp_path):
+    """cruft re-runs the hook on its renders: a second run must find nothing to do."""
+    project = bake(preset="lean")
+    copy = tmp_path / "again"
+    shutil.copytree(project, copy)
+    post.apply_features({"preset": "lean", "gpu_check": "preset"}, copy)
+    before = {p.relative_to(project): p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    after = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert before == after
+
+
+def test_package_sources_are_copied_without_rendering(tmp_path):
+    """No Python file of the package is a Jinja template: `{{` in it (an f-string's escaped
+    brace) reaches the project unchanged."""
+
+    template = tmp_path / "template"
+    copy_template(template)
+    source = 'def braces(x):\n    return f"{{{x}}} {{ cookiecutter.package_name }}"\n'
+    package = template / "{{cookiecutter.project_slug}}" / "{{cookiecutter.package_name}}"
+    (package / "b.py").write_text(source)
+    project = cookiecutter(
+        str(template), no_input=True, extra_context=FAST, output_dir=str(tmp_path)
+    )
+    assert (Path(project) / "my_pytorch_project" / "b.py").read_text() == source

@@ -52,6 +52,16 @@ def run_by_cruft(answers: dict) -> bool:
 # feature is not chosen. Lines of shared files that belong to a feature are marked (see
 # FEATURE_MARK); the rest of the project does not know the feature exists.
 FEATURES = {
+    "sweeps": (
+        # {package}: the package folder (written with one brace: Jinja renders this file)
+        *("{package}/tools/sweep.py", "{package}/tools/sweep_cli.py"),
+        *("{package}/tools/sweep_plan.py", "{package}/tools/sweep_report.py"),
+        *("{package}/tools/sweep_manifest.py", "{package}/tools/sweep_optuna.py"),
+        *("{package}/tools/sweep_study.py", "{package}/tools/sweep_launch.py"),
+        "scripts/sweep.py",
+        "tests/test_sweep.py",
+        "tests/test_sweep_optuna.py",
+    ),
     "gpu_check": (
         "scripts/gpu_check.py",
         "scripts/gpu_checks",
@@ -68,9 +78,10 @@ PRESETS = {
 # A block of lines that belongs to feature NAME, in the comment syntax of its file:
 #   # >>> NAME ... # <<< NAME    or, in Markdown,    <!-- >>> NAME --> ... <!-- <<< NAME -->
 # and one line: a trailing `# feature: NAME` (or `<!-- feature: NAME -->`). The marks are
-# removed from every bake; the marked lines stay only when NAME is chosen.
-FEATURE_MARK = re.compile(r"^\s*(?:#|<!--) (>>>|<<<) (\w+)(?: -->)?\s*$")
-LINE_MARK = re.compile(r"\s*(?:# feature: (\w+)|<!-- feature: (\w+) -->)\s*$")
+# removed from every bake; the marked lines stay only when NAME is chosen (!NAME: only when
+# it is not, for the words that differ without it).
+FEATURE_MARK = re.compile(r"^\s*(?:#|<!--) (>>>|<<<) (!?\w+)(?: -->)?\s*$")
+LINE_MARK = re.compile(r"\s*(?:# feature: (!?\w+)|<!-- feature: (!?\w+) -->)\s*$")
 # Files that may hold marks (the others are not read).
 MARKED_SUFFIXES = {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".sh", ".cfg", ""}
 
@@ -82,15 +93,23 @@ def chosen_features(answers: dict) -> dict[str, bool]:
     return {name: (preset[name] if v == "preset" else v) == "yes" for name, v in values.items()}
 
 
+def wanted(name: str, chosen: dict[str, bool]) -> bool:
+    """Whether lines marked `name` (a feature, or !feature) stay."""
+    return not chosen[name[1:]] if name.startswith("!") else chosen[name]
+
+
 def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> str:
     """`text` without the lines of unchosen features and without any mark; a mark of an
     unknown feature or an unclosed block is an error of the template, raised."""
     kept, open_blocks = [], []
+    # Blank lines around a dropped run count once, as many as the larger side had: blank
+    # lines kept before it, and those seen after it (ruff format's spacing stays).
+    dropped, before, after = False, 0, 0
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         block = FEATURE_MARK.match(line)
         if block:
             kind, name = block.groups()
-            if name not in chosen:
+            if name.lstrip("!") not in chosen:
                 raise ValueError(f"{where}:{number}: unknown feature {name!r}")
             if kind == ">>>":
                 open_blocks.append(name)
@@ -101,12 +120,22 @@ def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> st
         names = list(open_blocks)
         if tag:
             names.append(tag.group(1) or tag.group(2))
-            if names[-1] not in chosen:
+            if names[-1].lstrip("!") not in chosen:
                 raise ValueError(f"{where}:{number}: unknown feature {names[-1]!r}")
             line = line[: tag.start()] + line[tag.end() :].lstrip(" \t")
             line = line if line.endswith("\n") else line + "\n"
-        if all(chosen[name] for name in names):
-            kept.append(line)
+        if not all(wanted(name, chosen) for name in names):
+            if not dropped:
+                before = next((i for i, k in enumerate(reversed(kept)) if k.strip()), len(kept))
+            dropped, after = True, 0
+            continue
+        if not line.strip() and dropped:
+            after += 1
+            if after <= before:
+                continue
+        elif line.strip():
+            dropped = False
+        kept.append(line)
     if open_blocks:
         raise ValueError(f"{where}: block '>>> {open_blocks[-1]}' is not closed")
     return "".join(kept)
@@ -119,7 +148,8 @@ def apply_features(answers: dict, project: Path) -> None:
     for name, paths in FEATURES.items():
         if chosen[name]:
             continue
-        for path in map(project.joinpath, paths):
+        package = answers.get("package_name", "")
+        for path in (project / path.format(package=package) for path in paths):
             if path.is_dir():
                 shutil.rmtree(path)
             else:

@@ -116,6 +116,7 @@ EXPECTED = {
     "PKG/tools/sweep_study.py",
     "PKG/tools/sweep_launch.py",
     "PKG/tools/compare.py",
+    "PKG/tools/runs_table.py",
     "PKG/utils/signals.py",
     "PKG/utils/locks.py",
     "PKG/utils/run_files.py",
@@ -276,6 +277,13 @@ PAIRWISE = TEMPLATE / "{{cookiecutter.project_slug}}" / "tests" / "pairwise.py"
 SETUP_OPTIONS = ("run_smoke_test", "init_git")
 # The files of each feature a project may leave out, and the names that would be a trace of it.
 FEATURE_FILES = {
+    "sweeps": {
+        *(f"PKG/tools/sweep{part}.py" for part in ("", "_cli", "_plan", "_report", "_manifest")),
+        *(f"PKG/tools/sweep_{part}.py" for part in ("optuna", "study", "launch")),
+        "scripts/sweep.py",
+        "tests/test_sweep.py",
+        "tests/test_sweep_optuna.py",
+    },
     "gpu_check": {
         "scripts/gpu_check.py",
         *(f"scripts/gpu_checks/{name}.py" for name in ("__init__", "common", "numerics")),
@@ -286,9 +294,12 @@ FEATURE_FILES = {
         "tests/test_benchmark_gpu.py",
     },
 }
-FEATURE_TRACES = {"gpu_check": re.compile(r"gpu[ _-]?checks?|benchmark_gpu", re.IGNORECASE)}
+FEATURE_TRACES = {
+    "sweeps": re.compile(r"sweep|optuna", re.IGNORECASE),
+    "gpu_check": re.compile(r"gpu[ _-]?checks?|benchmark_gpu", re.IGNORECASE),
+}
 # What the template uses to mark a feature's lines: none may be left in a bake.
-MARKS = re.compile(r"^\s*(#|<!--) (>>>|<<<) \w+|(#|<!--) feature: \w+", re.MULTILINE)
+MARKS = re.compile(r"^\s*(#|<!--) (>>>|<<<) !?\w+|(#|<!--) feature: !?\w+", re.MULTILINE)
 
 
 def option_axes() -> dict[str, list]:

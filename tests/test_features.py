@@ -61,6 +61,7 @@ def test_a_preset_answer_takes_the_preset_s_value(post, answers, expected):
 def test_every_feature_file_is_in_the_template(post):
     for feature, paths in post.FEATURES.items():
         for path in paths:
+            path = path.format(package="{{cookiecutter.package_name}}")
             assert (PROJECT / path).exists(), (feature, path)
 
 
@@ -76,13 +77,16 @@ markdown block
 <!-- <<< gpu_check -->
 tagged = 1  # feature: gpu_check
 | a row | <!-- feature: gpu_check -->
+# >>> !gpu_check
+without the feature
+# <<< !gpu_check
 keep 2
 """
 
 
 def test_marked_lines_stay_only_with_their_feature_and_no_mark_stays(post):
     without = post.keep_marked_lines(TEXT, {"gpu_check": False})
-    assert without == "keep 1\nkeep 2\n"
+    assert without == "keep 1\nwithout the feature\nkeep 2\n"
     with_it = post.keep_marked_lines(TEXT, {"gpu_check": True})
     assert with_it.splitlines() == [
         "keep 1",

@@ -2,7 +2,7 @@
 their validation curves on one plot.
 
 python scripts/compare_runs.py checkpoints/*                       # every run, compare.png
-python scripts/compare_runs.py checkpoints/lrs --out lrs.png       # the trials of a sweep
+python scripts/compare_runs.py checkpoints/lrs --out lrs.png       # a folder of runs
 python scripts/compare_runs.py checkpoints/a checkpoints/b --x epoch
 """
 

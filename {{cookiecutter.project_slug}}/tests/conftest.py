@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import importlib
 import importlib.util
 import os
@@ -246,3 +248,31 @@ def demo_data(demo_root, monkeypatch) -> Path:
     """Work in a folder holding data/demo/: the example configs' relative paths resolve."""
     monkeypatch.chdir(demo_root)
     return demo_root
+
+
+def flock_failing_with(monkeypatch, error: OSError) -> None:
+    """Every flock call raises `error` (a filesystem without locks, or a lock held elsewhere)."""
+    from {{ cookiecutter.package_name }}.utils import locks
+
+    def flock(fd, operation):
+        raise error
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(locks, "_warned", set())  # each test sees its first warning
+
+
+@pytest.fixture
+def nfs_flock(monkeypatch):
+    """flock as Linux's NFS client does it (it emulates flock with fcntl locks): an exclusive
+    lock needs a descriptor open for writing, a shared one for reading, else EBADF."""
+    real = fcntl.flock
+
+    def flock(fd, operation):
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        if operation & fcntl.LOCK_EX and mode == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        if operation & fcntl.LOCK_SH and mode == os.O_WRONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)

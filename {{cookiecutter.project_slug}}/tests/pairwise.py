@@ -40,7 +40,7 @@ AXES: dict[str, list] = {
     "accum": [1, 3],
     "workers": [0, 2],
     # fresh: a new run, resumed with resume=auto | init: init_from=<a best.pt> and resume=auto
-    # on both launches (SLURM, sweeps) | init-fresh: init_from on the first launch only |
+    # on both launches (SLURM) | init-fresh: init_from on the first launch only |
     # path: resumed with resume=<its last.pt>
     "start": ["fresh", "init", "init-fresh", "path"],
     "max_steps": ["off", "mid-epoch"],

@@ -309,7 +309,7 @@ def test_a_stop_signal_while_loader_workers_start_leaves_them_running(tiny, monk
 def test_init_from_starts_a_fresh_run_under_resume_and_a_resume_continues_its_own_run(
     tiny, capsys, monkeypatch
 ):
-    """SLURM jobs and sweeps always pass train.resume=auto: init_from applies where nothing is
+    """SLURM jobs always pass train.resume=auto: init_from applies where nothing is
     there to resume, and a checkpoint found (or named by train.resume=PATH) wins over it."""
     fit(load_config(None, tiny))
     source = out_dir(tiny) / "best.pt"

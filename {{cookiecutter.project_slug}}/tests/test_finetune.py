@@ -194,15 +194,3 @@ def test_two_ranks_freeze_and_unfreeze_in_step_with_one_process(tmp_path, dump_r
         rank0, rank1 = ranks(tmp_path)
         assert_same(rank0["model"], rank1["model"])
     assert_close(checkpoint.load(last)["model"], one["model"].state_dict())
-
-
-def test_the_freeze_epochs_and_backbone_lr_ratio_are_sweepable(capsys):
-    from test_sweep import dry_run
-
-    grid = ["--name", "ft", "train.freeze_epochs=0,1", "train.backbone_lr_ratio=0.1,0.5"]
-    trials = dry_run(capsys, *grid)
-    assert [t["overrides"] for t in trials] == [
-        [f"train.freeze_epochs={f}", f"train.backbone_lr_ratio={r}"]
-        for f in ("0", "1")
-        for r in ("0.1", "0.5")
-    ]

@@ -16,10 +16,10 @@ from conftest import ROOT, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint, loop
 from {{ cookiecutter.package_name }}.checkpoint import Progress
-from {{ cookiecutter.package_name }}.config import load_config, save_config, to_dict
+from {{ cookiecutter.package_name }}.config import load_config, save_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler, continue_schedule
-from {{ cookiecutter.package_name }}.tools import compare, sweep_report
+from {{ cookiecutter.package_name }}.tools import compare
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils import device as devices
@@ -159,16 +159,7 @@ def test_best_pt_breaks_a_tie_on_the_loss(tiny, monkeypatch):
     assert best["best_tie"] == 0.059  # saved: a resume compares with it
 
 
-# --- the tools: best.yaml's run name, where compare.png goes, evaluate's printout ---
-
-
-def test_best_yaml_names_its_run_after_the_sweep(tmp_path):
-    sweep = tmp_path / "lrs"
-    sweep.mkdir()
-    trial = yaml.safe_load(yaml.safe_dump(to_dict(load_config(None, ["run.name=t00"]))))
-    best = {"group": "t00", "configs": {"t00": trial}, "mean": 0.9, "std": 0.0, "n": 1}
-    sweep_report._write_best(sweep, best)
-    assert load_config(sweep / "best.yaml").run.name == "lrs-best"
+# --- the tools: where compare.png goes, evaluate's printout ---
 
 
 def fake_run(folder: Path) -> Path:

@@ -445,7 +445,7 @@ ON_CPU = {
     "more": ["channels_last", "init_from"],
 }
 GPU_ONLY = ["tests", "syncbn", "cpu_offload", "compile", "compile_ddp", "compile_fsdp"]
-GPU_ONLY += ["sweep_gpus"]
+GPU_ONLY += ["sweep_gpus"]  # feature: sweeps
 # Skipped here without the [vision] and [hf] extras; what it runs, tests/test_zoo.py,
 # test_hf.py and the pairwise suite's pretrained cases run on the CPU with them.
 GPU_ONLY += ["pretrained"]

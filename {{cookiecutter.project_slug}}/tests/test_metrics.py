@@ -1,5 +1,5 @@
 """Vector metrics (one value per class or label) through every record: metrics.csv,
-TensorBoard, the summary, runs.csv, compare_runs and the sweep report; and their entries as
+TensorBoard, the summary, runs.csv, compare_runs and the reports; and their entries as
 train.best_metric."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from {{ cookiecutter.package_name }} import tasks
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tasks.classification import Classification
-from {{ cookiecutter.package_name }}.tools import compare, sweep_report
+from {{ cookiecutter.package_name }}.tools import compare
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils.metrics import flatten
 
@@ -84,9 +84,13 @@ def test_a_vector_metric_trains_and_every_record_holds_it_per_class(
     assert summary["metric"] == "hits/angle_1"
     assert summary["best"] == result["metrics"]["hits/angle_1"]
     assert "best val hits/angle_1" in compare.table(["default"], [summary])
+    # >>> sweeps
+    from {{ cookiecutter.package_name }}.tools import sweep_report
+
     trial = {"id": "default", "group": "g", "settings": {}, "state": "done"}
     assert sweep_report.report(tmp_path / "runs", [trial]) == 0
     assert "best val hits/angle_1 (max)" in capsys.readouterr().out
+    # <<< sweeps
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ def test_every_file_a_run_leaves_is_a_run_file(tmp_path):
     for name in ("metrics.csv.damaged.2", "step-00000004.pt.bad", ".lock"):
         assert outputs.run_file(run / name), name
     assert outputs.run_file(run / "step-00000016.dcp" / "__0_0.distcp")
-    assert outputs.run_file(run) == "a run, sweep or output folder"
+    assert outputs.run_file(run) == "a run or output folder"
     # What the tools write beside a run is not a run's file.
     for name in ("predictions.csv", "best.torchscript.pt", "best_report", "best.full.pt"):
         assert outputs.run_file(run / name) is None, name
@@ -79,18 +79,12 @@ def test_the_step_files_outputs_refuses_are_the_ones_training_names():
     assert outputs.run_file(Path("deploy") / "step-00000012.pt") is None  # no run's folder
 
 
-def test_sweep_records_are_run_files_and_common_names_elsewhere_are_not(tmp_path):
-    sweep = tmp_path / "lrs"
-    sweep.mkdir()
-    (sweep / "sweep.json").write_text("{}")
-    for name in ("results.csv", "best.yaml", "study.db", "sweep_array.sh", "runs.csv"):
-        assert outputs.run_file(sweep / name), name
-    assert outputs.run_file(sweep / "logs" / "slurm-1_0.out")
+def test_common_names_outside_a_run_area_are_not_run_files_and_lock_names_are(tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()
-    for name in ("results.csv", "config.yaml", "metrics.csv", "curves.png"):
+    for name in ("config.yaml", "metrics.csv", "curves.png"):
         assert outputs.run_file(plain / name) is None, name
-    for name in ("sweep.json", "study.db", ".sweep.lock", ".runs.lock"):
+    for name in (".lock", ".runs.lock", "runs.csv.damaged"):
         assert outputs.run_file(plain / name), name  # their names say what they are
 
 
@@ -135,7 +129,7 @@ def test_check_out_refuses_run_files_inputs_and_other_files(tmp_path):
         table: "is one of this command's inputs",
         tmp_path / "link.csv": "is one of this command's inputs",
         tmp_path / "hard.csv": "is one of this command's inputs",
-        run: "a run, sweep or output folder",
+        run: "a run or output folder",
         tmp_path: "is a folder",
     }
     for path, fragment in cases.items():
@@ -210,7 +204,7 @@ def test_no_tool_writes_over_a_run_file(run, kept, capsys, name, fragment):
     refused(export_main(args), capsys, fragment)
     refused(compare_main([str(run), "--out", target, "--force"]), capsys, fragment)
     refused(consolidate_main(["--checkpoint", best, "--out", target]), capsys, fragment)
-    refused(evaluate_main(["--checkpoint", best, "--report", str(run)]), capsys, "a run, sweep")
+    refused(evaluate_main(["--checkpoint", best, "--report", str(run)]), capsys, "a run or")
     assert consolidate_main(["--checkpoint", best, "--out", str(run / "last.pt")]) == 2
 
 

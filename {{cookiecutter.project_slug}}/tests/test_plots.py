@@ -66,7 +66,7 @@ def test_short_epochs_are_drawn_once_when_the_run_ends(tiny, drawings, monkeypat
 
 
 def test_a_run_shorter_than_a_drawing_is_worth_draws_no_curves(tiny, drawings, capsys):
-    """A tiny run (a test, a smoke run, a sweep trial) does not spend ~1 s of matplotlib on
+    """A tiny run (a test, a smoke run, a trial) does not spend ~1 s of matplotlib on
     curves.png; its metrics.csv holds them and the summary's compare command draws them."""
     fit(load_config(None, [*tiny, "train.epochs=1"]))
     assert drawings == [] and not (run_folder(tiny) / "curves.png").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import signal
@@ -12,11 +13,22 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_script
+import yaml
+from conftest import ROOT, TINY, flock_failing_with, run_script
+from test_locks import NO_LOCKS
+from test_tool_cli import signalled_at_import
 
-from {{ cookiecutter.package_name }}.config import load_config, save_config
+from {{ cookiecutter.package_name }}.checkpoint import RunFolder
+from {{ cookiecutter.package_name }}.config import load_config, save_config, to_dict
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tools import cli, sweep, sweep_cli, sweep_manifest, sweep_report
+from {{ cookiecutter.package_name }}.tools import (
+    cli,
+    outputs,
+    sweep,
+    sweep_cli,
+    sweep_manifest,
+    sweep_report,
+)
 from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
 from {{ cookiecutter.package_name }}.tools.train import train_main
 from {{ cookiecutter.package_name }}.utils.logger import record_run
@@ -740,3 +752,75 @@ def test_a_stop_during_the_report_lets_the_report_finish(
     out = capsys.readouterr().out  # the whole of it, to its last line's end
     assert out.endswith(f"its config: {folder / 'best.yaml'}\n")
     assert (folder / "best.yaml").exists() and (folder / "results.csv").exists()
+
+
+def test_sweep_records_are_run_files_and_common_names_elsewhere_are_not(tmp_path):
+    sweep = tmp_path / "lrs"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    for name in ("results.csv", "best.yaml", "study.db", "sweep_array.sh", "runs.csv"):
+        assert outputs.run_file(sweep / name), name
+    assert outputs.run_file(sweep / "logs" / "slurm-1_0.out")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("results.csv", "best.yaml"):
+        assert outputs.run_file(plain / name) is None, name
+    for name in ("sweep.json", "study.db", "study.db-wal", ".sweep.lock", ".sweep.run.lock"):
+        assert outputs.run_file(plain / name), name  # their names say what they are
+
+
+def test_a_sweep_manifest_is_written_on_a_filesystem_without_locks(tmp_path, monkeypatch, capsys):
+    flock_failing_with(monkeypatch, OSError(errno.ENOLCK, "No locks available"))
+    args = sweep_cli._parser().parse_args(
+        ["--name", "nl", "train.lr=1e-3,3e-3", "run.device=cpu", f"run.output_dir={tmp_path}"]
+    )
+    made = sweep.Sweep.create(ROOT, args)
+    made.update(made.trials[0], state="done", exit_code=0)
+    again = sweep.Sweep.create(ROOT, args)  # a rerun reads the recorded state
+    assert [t["state"] for t in again.trials] == ["done", "pending"]
+    assert NO_LOCKS in capsys.readouterr().out
+
+
+def test_a_trial_s_run_folder_is_busy_while_a_process_holds_it_on_nfs(tmp_path, nfs_flock):
+    """The sweep's check of a trial's run folder takes a lock NFS grants (no EBADF), and a run
+    folder another process holds still reads as busy."""
+    run = tmp_path / "a"
+    folder = RunFolder(run, keep_last=1)
+    # What training holds (and a trial that a killed sweep left behind). flock locks belong to
+    # an open file, so run_busy's own descriptor meets it as another process's would.
+    folder.lock()
+    assert sweep_manifest.run_busy(run) is True
+    folder.unlock()
+    assert sweep_manifest.run_busy(run) is False
+
+
+@pytest.mark.slow
+def test_a_signal_while_the_sweep_script_imports_stops_it_before_its_first_trial(tmp_path):
+    """scripts/sweep.py holds the stop signals as the tools do, from before it imports the
+    sweep (here: the signal comes as sweep_cli is imported): the sweep acts on it."""
+    args = ["--name", "s", "train.lr=1e-3,3e-3", *TINY, f"run.output_dir={tmp_path}"]
+    proc = signalled_at_import("{{ cookiecutter.package_name }}.tools.sweep_cli", "sweep.py", *args)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert "sweep stopped (SIGTERM)" in proc.stdout and "Traceback" not in proc.stderr
+    trials = json.loads((tmp_path / "s" / "sweep.json").read_text())["trials"]
+    assert {t["state"] for t in trials} == {"pending"}
+    assert not (tmp_path / "s" / "logs").exists()  # no trial started
+
+
+def test_best_yaml_names_its_run_after_the_sweep(tmp_path):
+    sweep = tmp_path / "lrs"
+    sweep.mkdir()
+    trial = yaml.safe_load(yaml.safe_dump(to_dict(load_config(None, ["run.name=t00"]))))
+    best = {"group": "t00", "configs": {"t00": trial}, "mean": 0.9, "std": 0.0, "n": 1}
+    sweep_report._write_best(sweep, best)
+    assert load_config(sweep / "best.yaml").run.name == "lrs-best"
+
+
+def test_the_freeze_epochs_and_backbone_lr_ratio_are_sweepable(capsys):
+    grid = ["--name", "ft", "train.freeze_epochs=0,1", "train.backbone_lr_ratio=0.1,0.5"]
+    trials = dry_run(capsys, *grid)
+    assert [t["overrides"] for t in trials] == [
+        [f"train.freeze_epochs={f}", f"train.backbone_lr_ratio={r}"]
+        for f in ("0", "1")
+        for r in ("0.1", "0.5")
+    ]

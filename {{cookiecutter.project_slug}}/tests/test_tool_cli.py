@@ -4,7 +4,7 @@ Ctrl-C), nothing written, instead of a traceback or a kill."""
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
 import runpy
 import signal
@@ -18,7 +18,7 @@ from conftest import ROOT, TINY
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.tools import cli, export, sweep_cli
+from {{ cookiecutter.package_name }}.tools import cli, export
 from {{ cookiecutter.package_name }}.tools.compare import compare_main
 from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_main
 from {{ cookiecutter.package_name }}.tools.export import export_main
@@ -27,6 +27,11 @@ from {{ cookiecutter.package_name }}.tools.train import smoke_main, train_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 MB = "9" * 2**20
+
+
+def tool(name: str):
+    """tools/<name>.py, imported when a case runs (a tool left out of the project is none)."""
+    return importlib.import_module(f"{{ cookiecutter.package_name }}.tools.{name}")
 
 
 def script_main(name: str):
@@ -46,7 +51,9 @@ BAD_ARGUMENTS = {
         lambda argv: script_main("benchmark_dataloader.py")(argv),
         ["--batches", MB],
     ),
-    "sweep": (lambda argv: sweep_cli.main(ROOT, argv), ["--name", "s", "--parallel", MB]),
+    # >>> sweeps
+    "sweep": (lambda argv: tool("sweep_cli").main(ROOT, argv), ["--name", "s", "--parallel", MB]),
+    # <<< sweeps
     "doctor": (lambda argv: script_main("doctor.py")(argv), [f"--nope={MB}"]),
     # >>> gpu_check
     "benchmark_gpu": (lambda argv: script_main("benchmark_gpu.py")(argv), ["--steps", MB]),
@@ -199,19 +206,6 @@ def test_a_signal_while_the_script_imports_is_one_line_and_exit_75(tmp_path, scr
     assert proc.returncode == 75, proc.stderr
     assert proc.stderr == "stopped by SIGTERM; nothing was written: run the command again\n"
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.slow
-def test_a_signal_while_the_sweep_script_imports_stops_it_before_its_first_trial(tmp_path):
-    """scripts/sweep.py holds the stop signals as the tools do, from before it imports the
-    sweep (here: the signal comes as sweep_cli is imported): the sweep acts on it."""
-    args = ["--name", "s", "train.lr=1e-3,3e-3", *TINY, f"run.output_dir={tmp_path}"]
-    proc = signalled_at_import("{{ cookiecutter.package_name }}.tools.sweep_cli", "sweep.py", *args)
-    assert proc.returncode == 75, proc.stdout + proc.stderr
-    assert "sweep stopped (SIGTERM)" in proc.stdout and "Traceback" not in proc.stderr
-    trials = json.loads((tmp_path / "s" / "sweep.json").read_text())["trials"]
-    assert {t["state"] for t in trials} == {"pending"}
-    assert not (tmp_path / "s" / "logs").exists()  # no trial started
 
 
 def test_every_scripts_help_describes_it_in_whole_sentences():

@@ -242,7 +242,7 @@ OPTIONAL = (
     "onnxruntime",
     "wandb",
     "mlflow",
-    "optuna",
+    "optuna",  # feature: sweeps
     # The tools a training run does not use (its entry point is tools/train.py).
     *(
         f"{trainer.__package__}.tools.{tool}"
@@ -254,12 +254,13 @@ OPTIONAL = (
             "predict",
             "predict_inputs",
             "report",
+            "runs_table",
             "serving",
-            "sweep",
-            "sweep_plan",
-            "sweep_report",
-            "sweep_manifest",
-            "sweep_optuna",
+            "sweep",  # feature: sweeps
+            "sweep_plan",  # feature: sweeps
+            "sweep_report",  # feature: sweeps
+            "sweep_manifest",  # feature: sweeps
+            "sweep_optuna",  # feature: sweeps
         )
     ),
 )

@@ -76,7 +76,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
     data = None
     try:
         # First what to continue from: a checkpoint found wins over train.init_from (which
-        # only starts a fresh run, with resume=auto too, as SLURM jobs and sweeps pass it).
+        # only starts a fresh run, with resume=auto too, as SLURM jobs pass it).
         state, resumed_from = ckpts.find()
         # Then the data, read as that checkpoint's model reads it (a CSV's columns by name).
         data = build_loaders(cfg, dist, device, state)

@@ -1,6 +1,6 @@
 """One-process paths, each through the project's own scripts as a user runs them: the tests
 marked cuda, a default run, bitwise resume, compile with evaluate and predict, preemption with
-loader workers, fsdp with bf16, channels_last, init_from, sweep trials, the smoke test."""
+loader workers, fsdp with bf16, channels_last, init_from, the tools' own runs, the smoke test."""
 
 from __future__ import annotations
 
@@ -183,8 +183,8 @@ def check_channels_last(c: Check) -> str:
 
 
 def check_init_from(c: Check) -> str:
-    """train.init_from=<best.pt> with train.resume=auto on a new run (as SLURM and sweeps pass
-    it) starts from those weights: after one step at a negligible lr they are best.pt's, unlike
+    """train.init_from=<best.pt> with train.resume=auto on a new run (as SLURM jobs pass it)
+    starts from those weights: after one step at a negligible lr they are best.pt's, unlike
     a fresh run's."""
     c.python("scripts/train.py", *c.overrides("base"))
     best = c.run_dir("base") / "best.pt"
@@ -202,6 +202,7 @@ def check_init_from(c: Check) -> str:
     return f"one step from best.pt: {moved:.4f} relative distance (a fresh run: {apart:.3f})"
 
 
+# >>> sweeps
 def check_sweep_gpus(c: Check) -> str:
     """scripts/sweep.py --parallel 2: two trials at a time, each on a GPU of its own (both on
     GPU 0 with one GPU)."""
@@ -218,6 +219,7 @@ def check_sweep_gpus(c: Check) -> str:
     if not all(" | cuda" in log for log in logs):
         raise Failed("a trial's run line does not name a cuda device")
     return f"2 trials at a time on {min(c.machine.gpus, 2)} GPU(s): both done"
+# <<< sweeps
 
 
 def check_smoke(c: Check) -> str:

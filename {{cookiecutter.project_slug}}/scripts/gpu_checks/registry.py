@@ -79,10 +79,12 @@ CUDA_PATHS = {
             "tools/predict.py:_parser",
         ),
     ),
+    # >>> sweeps
     "sweep_gpus": (
         "sweep trials on GPUs of their own, forked from a sweep that never initialised CUDA",
         ("tools/sweep_plan.py:slots_for", "tools/sweep_launch.py:can_fork"),
     ),
+    # <<< sweeps
 }
 
 # What one GPU cannot prove: the check runs it when it finds several GPUs.
@@ -90,7 +92,7 @@ SEVERAL_GPUS = [
     "NCCL collectives between GPUs: DDP's all-reduce, fsdp's all-gather and reduce-scatter, "
     "SyncBatchNorm's all-gather (on one GPU the ranks share it over gloo)",
     "rank r on GPU LOCAL_RANK under torchrun (on one GPU every rank is on cuda:0)",
-    "sweep trials on different GPUs (sweep_plan's CUDA_VISIBLE_DEVICES)",
+    "sweep trials on different GPUs (sweep_plan's CUDA_VISIBLE_DEVICES)",  # feature: sweeps
 ]
 
 # The order they run in: what proves most first, so that a run cut short by --budget has it.
@@ -116,7 +118,7 @@ CHECKS = (
     Spec("fsdp_bf16", paths.check_fsdp_bf16, ("fsdp", "bf16"), 60),
     Spec("channels_last", paths.check_channels_last, ("fsdp",), 60),
     Spec("init_from", paths.check_init_from, ("device",), 90),
-    Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),
+    Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),  # feature: sweeps
     Spec("smoke", paths.check_smoke, ("bf16",), 60),
     Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "fsdp"), 240),
     Spec("combinations", paths.check_combinations, ("fp16",), 3600, default=False),

@@ -1,7 +1,7 @@
 """Validation splits carved from one pool of samples: a held-out fraction, or k folds.
 
-Both depend on data.split_seed only, not run.seed, so the runs of a multi-seed sweep see
-identical splits. When the pool has integer class labels `y`, both are stratified: every
+Both depend on data.split_seed only, not run.seed, so runs that differ only in their
+seed see identical splits. When the pool has integer class labels `y`, both are stratified: every
 class keeps its share in each part (to within one sample).
 """
 

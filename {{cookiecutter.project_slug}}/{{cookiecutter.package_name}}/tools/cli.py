@@ -60,9 +60,10 @@ _placing = [False]  # the tool is putting its output in place: a stop waits for 
 
 def hold_signals(hangup: bool = False) -> None:
     """For a tool's script, before its imports (torch takes seconds): a stop signal (SIGTERM,
-    SIGUSR1, Ctrl-C; with `hangup`, SIGHUP too: the sweep's) is noted until the tool acts on
-    it: guard(stoppable=True) ends the tool (exit 75, or 130 for Ctrl-C; nothing written),
-    the sweep takes the notes over (take_held). Once the tool has returned, only noted."""
+    SIGUSR1, Ctrl-C; with `hangup`, SIGHUP too: for a tool that runs others) is noted until
+    the tool acts on it: guard(stoppable=True) ends the tool (exit 75, or 130 for Ctrl-C;
+    nothing written), or a tool that runs others takes the notes over (take_held). Once the
+    tool has returned, only noted."""
     held = (*signals.SIGNALS, *signals.HANGUP) if hangup else signals.SIGNALS
     signals.catch(held, _hold)
     # Python's shutdown sets the handlers back to the default (die): ignored, a late signal

@@ -3,7 +3,7 @@ best metric, epochs, steps, wall time and only the settings that differ between 
 plot of their validation curves, a colour per run.
 
 Everything is read from the run folders (config.yaml, metrics.csv; the best value from
-runs.csv, else last.pt), so runs from different sweeps and output folders mix freely. The
+runs.csv, else last.pt), so runs from different output folders mix freely. The
 plot follows outputs.check_out: never over a run's file; an existing file only where it is
 a plot this tool drew (a PNG text chunk says so), or with --force.
 """
@@ -23,7 +23,7 @@ from ..config import from_dict
 from ..errors import UserError
 from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
 from . import cli, outputs
-from .sweep_report import best_value, markdown_table, runs_table
+from .runs_table import best_value, markdown_table, runs_table
 
 # How a run was named or started, not how it trained: never listed as a difference.
 NOT_COMPARED = ("run.name", "train.resume")
@@ -72,7 +72,7 @@ def compare(args: list[str], out: Path | None, x: str = "step", force: bool = Fa
 
 
 def find_runs(args: list[str]) -> list[Path]:
-    """The run folders that `args` name: a run folder, a folder of runs (a sweep, an output
+    """The run folders that `args` name: a run folder, a folder of runs (an output
     folder), or a glob of either (quoted, or expanded by the shell). Files a glob matches
     (runs.csv, README.md) are passed over; a folder that holds no run is an error."""
     runs: list[Path] = []
@@ -210,7 +210,7 @@ def _settings(config: dict) -> dict:
 
 
 def _labels(runs: list[Path]) -> list[str]:
-    """Each run's folder name, or parent/name where names repeat (trials of two sweeps)."""
+    """Each run's folder name, or parent/name where names repeat (runs of two folders)."""
     names = [run.name for run in runs]
     return [
         run.name if names.count(run.name) == 1 else f"{run.parent.name}/{run.name}" for run in runs
@@ -242,8 +242,7 @@ def compare_main(argv: list[str] | None = None) -> int:
         "runs",
         nargs="+",
         metavar="RUN",
-        help="run folders (checkpoints/<run.name>), folders of runs (a sweep), or a glob: "
-        "checkpoints/*",
+        help="run folders (checkpoints/<run.name>), folders of runs, or a glob: checkpoints/*",
     )
     parser.add_argument(
         "--out",

@@ -4,9 +4,9 @@ of what a tool killed mid-write left beside its target.
 
 - Never over a run: a checkpoint (step-N.pt, last.pt, best.pt, *.pt.bad inside a run
   folder, an existing training checkpoint anywhere, what a step-N.dcp/ folder holds) or a
-  record of a run, sweep or output folder (config.yaml, metrics.csv, runs.csv, curves.png,
-  sweep.json, study.db, results.csv, best.yaml, *.damaged, the locks, tb/ ...). --force does
-  not change that.
+  record of a run or output folder (config.yaml, metrics.csv, runs.csv, curves.png,
+  *.damaged, the locks, tb/, a tool's own records ...: utils/run_files.py lists them).
+  --force does not change that.
 - Never over one of the command's own inputs, by any name (a symlink, a hard link).
 - An existing file is replaced only where it is the tool's own earlier output of the same
   kind (`own`: a prediction CSV, an export with its JSON, a compare plot, a consolidated
@@ -34,41 +34,19 @@ CHECKPOINT = re.compile(
     rf"|{re.escape(names.LAST)}|{re.escape(names.BEST)}"
 )
 SHARDS = re.compile(rf"({names.SHARD_FOLDER.pattern})({re.escape(names.SET_ASIDE)})?")
-_STUDY = rf"{re.escape(names.STUDY)}(-journal|-wal|-shm)?"
-_LOCKS = (names.RUN_LOCK, names.RUNS_LOCK, names.SWEEP_LOCK, names.SWEEP_RUN_LOCK)
 # Records no other file is named like: refused wherever they are.
-RECORD = re.compile(
-    "|".join(
-        [re.escape(names.SWEEP), _STUDY, names.DAMAGED.pattern, *map(re.escape, _LOCKS)]
-        + [r"events\.out\.tfevents\..*"]  # TensorBoard's event files
-    )
-)
-# Folders all of whose content is the run's (or the sweep's).
-TRACKER_FOLDERS = (*names.TRACKER_FOLDERS, names.SWEEP_LOGS)
-# Records with common names: refused inside a run, sweep or output folder (MARKS).
-FOLDER_RECORD = re.compile(
-    "|".join(
-        re.escape(name)
-        for name in (
-            names.CONFIG,
-            names.METRICS,
-            names.RUNS,
-            names.CURVES,
-            names.RESULTS,
-            names.BEST_CONFIG,
-            names.ARRAY_SCRIPT,
-            names.TRACKED_STEP,
-            *TRACKER_FOLDERS,
-        )
-    )
-)
-# A folder holding one of these is a run folder (config.yaml, .lock, step files), a sweep
-# folder (sweep.json) or an output folder (runs.csv).
-MARKS = (names.CONFIG, names.RUN_LOCK, names.SWEEP, names.RUNS, names.SWEEP_LOCK)
+RECORD = re.compile("|".join(names.PROTECTED))
+# Folders all of whose content is a run's (or its tool's).
+TRACKER_FOLDERS = tuple(names.OWNED_FOLDERS)
+# Records with common names: refused inside a run or output folder (MARKS).
+FOLDER_RECORD = re.compile("|".join(map(re.escape, [*names.RECORDS, *TRACKER_FOLDERS])))
+# A folder holding one of these is a run folder (config.yaml, .lock, step files) or an output
+# folder (runs.csv, a tool's own records).
+MARKS = tuple(names.MARKS)
 
 
 def is_run_area(folder: Path) -> bool:
-    """Whether `folder` is a run, sweep or output folder (it holds one of their records, or
+    """Whether `folder` is a run or output folder (it holds one of their records, or
     a step checkpoint: last.pt and best.pt are names anyone may give a file)."""
     if any((folder / mark).exists() for mark in MARKS):
         return True
@@ -103,14 +81,14 @@ def run_file(path: Path) -> str | None:
     if SHARDS.fullmatch(name) or any(SHARDS.fullmatch(p.name) for p in path.parents):
         return "a checkpoint's shard folder or inside one"
     if RECORD.fullmatch(name):
-        return f"a record of a run or sweep ({name})"
+        return f"a record of a run ({name})"
     if FOLDER_RECORD.fullmatch(name) and is_run_area(folder):
         return f"a record of the run folder {str(folder)!r} ({name})"
     for inner in path.parents:
         if inner.name in TRACKER_FOLDERS and is_run_area(inner.parent):
             return f"inside the run folder's {inner.name}/"
     if is_run_area(path):
-        return "a run, sweep or output folder"
+        return "a run or output folder"
     return None
 
 

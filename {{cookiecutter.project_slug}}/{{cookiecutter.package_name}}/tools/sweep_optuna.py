@@ -25,7 +25,7 @@ from pathlib import Path
 from ..config import load_config
 from ..errors import EXIT_STOPPED, ConfigError, UserError
 from ..utils import run_files
-from . import sweep_manifest, sweep_report, sweep_study
+from . import runs_table, sweep_manifest, sweep_report, sweep_study
 from .sweep import UNFINISHED, Sweep, sweep_folder
 from .sweep_plan import distributions, param_text, range_spec, split, value_text
 
@@ -145,8 +145,8 @@ def _agree(sweep: Sweep, study, optuna, dists: dict, metric: str) -> None:
 def _ended(sweep: Sweep, record: dict, metric: str) -> tuple[str, float | None]:
     """How a recorded trial ended, as a study's trial state and value."""
     if record["state"] == "done":
-        runs = sweep_report.runs_table(sweep.dir)
-        value = sweep_report.best_value(sweep.dir, record["id"], metric, runs)
+        runs = runs_table.runs_table(sweep.dir)
+        value = runs_table.best_value(sweep.dir, record["id"], metric, runs)
         return ("COMPLETE", value) if value is not None else ("FAIL", None)
     return ("PRUNED", None) if record["state"] == "pruned" else ("FAIL", None)
 
@@ -258,8 +258,8 @@ def _run_trial(sweep: Sweep, study, optuna, asked, trial: dict, metric: str) -> 
         study.tell(asked, state=states.PRUNED)
         return
     sweep._finish(trial, proc.returncode, time.monotonic() - running[0][3])
-    runs = sweep_report.runs_table(sweep.dir)
-    value = sweep_report.best_value(sweep.dir, trial["id"], metric, runs)
+    runs = runs_table.runs_table(sweep.dir)
+    value = runs_table.best_value(sweep.dir, trial["id"], metric, runs)
     if trial["state"] == "done" and value is not None:
         study.tell(asked, value)
     else:  # failed, or stopped to resume: asked again with the same settings next time

@@ -19,6 +19,7 @@ from ..config import components, from_dict
 from ..errors import UserError, first_line
 from ..utils import locks, run_files
 from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
+from .runs_table import best_value, cell_float, markdown_table, runs_table
 
 # Per-run settings that best.yaml leaves out: it describes a config, not one run of it.
 NOT_IN_BEST = {"run": ("name", "output_dir"), "train": ("resume",), "data": ("fold", "folds")}
@@ -165,7 +166,7 @@ def _next_value(sweep_dir: Path, trial: str, best: float, order: tuple, runs: di
     at_best = [b for a, b in pairs if math.isclose(a, best, rel_tol=1e-9) and not math.isnan(b)]
     if at_best:
         return max(at_best) if after_mode == "max" else min(at_best)
-    return _float(runs.get(trial, {}).get(f"val_{after}"))
+    return cell_float(runs.get(trial, {}).get(f"val_{after}"))
 
 
 def table(rows: list[dict], keys: list[str], metric: str, mode: str) -> str:
@@ -177,11 +178,6 @@ def table(rows: list[dict], keys: list[str], metric: str, mode: str) -> str:
         settings = [str(row["settings"].get(k, "")) for k in keys]
         cells.append([str(i), row["group"], *settings, value, n, ",".join(row["state"])])
     return markdown_table(head, cells)
-
-
-def markdown_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _pm(row: dict) -> str:
@@ -240,42 +236,3 @@ def _number(value: str):
         return float(value)
     except ValueError:
         return value
-
-
-def runs_table(sweep_dir: Path) -> dict[str, dict]:
-    """<sweep_dir>/runs.csv (any output folder's) as {run name: row}."""
-    path = sweep_dir / "runs.csv"
-    if not path.exists():
-        return {}
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return {row.get("run"): row for row in csv.DictReader(f)}
-    except (UnicodeDecodeError, csv.Error) as exc:
-        print(f"{path} does not read ({first_line(exc, 80)}): results from last.pt instead")
-        return {}
-
-
-def _float(value) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:  # a damaged cell
-        return None
-
-
-def best_value(sweep_dir: Path, trial: str, metric: str, runs: dict) -> float | None:
-    """The best validation value of run <sweep_dir>/<trial>: its row of runs.csv (`runs`,
-    from runs_table), else its last checkpoint's."""
-    value = _float(runs.get(trial, {}).get(f"best_val_{metric}"))
-    if value is not None:
-        return value
-    last = sweep_dir / trial / "last.pt"
-    if not last.exists():
-        return None
-    from ..checkpoint import load  # torch: only for runs that never wrote their row
-
-    try:
-        best = load(last).get("progress", {}).get("best")
-    except UserError as exc:  # a damaged checkpoint: this run has no result to show
-        print(f"{trial}: no result ({first_line(exc, 160)})", file=sys.stderr)
-        return None
-    return None if best is None else float(best)

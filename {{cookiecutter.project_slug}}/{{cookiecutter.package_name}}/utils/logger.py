@@ -22,7 +22,7 @@ from .trackers import open_trackers
 # curves.png is redrawn at an epoch's end once this long has passed since the last drawing
 # (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends
 # if it trained at least DRAW_AT_END_AFTER_S (a first drawing also imports matplotlib, ~1 s:
-# the tail of every tiny run, test and sweep trial). A shorter run's curves are in
+# the tail of every tiny run, test and trial). A shorter run's curves are in
 # metrics.csv and TensorBoard, and `scripts/compare_runs.py <run folder>` draws them.
 REDRAW_EVERY_S = 30.0
 DRAW_AT_END_AFTER_S = 30.0
@@ -45,7 +45,7 @@ class MetricLogger:
         lost: Callable[[], str | None] | None = None,
     ):
         """`loggers`: run.loggers; metrics.csv is written whatever it holds (resume, the
-        plots, compare_runs and sweeps read it). `start_step`: the step the run (re)starts
+        plots and compare_runs read it). `start_step`: the step the run (re)starts
         from. What an earlier attempt logged after it (a crash after the checkpoint, a corrupt
         newest checkpoint) is dropped, so curves and metrics.csv hold one value per step.
         `config` is logged to the trackers; `tracker_ids` (from the checkpoint) resumes

@@ -1,6 +1,6 @@
 """Metrics as the records hold them: a task's `summarise` may return per-class / per-label
 vectors besides scalars; everything that writes or ranks metrics (metrics.csv, TensorBoard,
-the trackers, the console, the run summary, runs.csv, the sweep report) sees one flat dict of
+the trackers, the console, the run summary, runs.csv, the reports) sees one flat dict of
 numbers, a vector's entries named `<metric>/<class name>`."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `plot_curves` draws <run folder>/curves.png from whatever columns metrics.csv holds: a loss
 panel (train and val), one panel per other `val/<metric>`, and the learning rate, all
-against the step. The sweep report and scripts/compare_runs.py draw through the same helpers.
+against the step. scripts/compare_runs.py and the other reports draw through the same helpers.
 """
 
 from __future__ import annotations

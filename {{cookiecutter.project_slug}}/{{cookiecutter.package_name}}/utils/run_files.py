@@ -1,11 +1,12 @@
-"""The names of the files that training and sweeps keep in their folders, in one place: the
-code that writes each file and tools/outputs.py (which refuses to write over any of them)
+"""The names of the files that training and the tools keep in their folders, in one place:
+the code that writes each file and tools/outputs.py (which refuses to write over any of them)
 take them from here. Imports no torch: the tools read it at start-up.
 
 A run folder, <run.output_dir>/<run.name>/: the step checkpoints, last.pt and best.pt, under
 train.strategy=fsdp a shard folder beside each step file, config.yaml, metrics.csv,
 curves.png, the trackers' folders and .lock. Its output folder (<run.output_dir>/) holds
-runs.csv and its lock; a sweep folder, sweep.json, its locks and its results.
+runs.csv and its lock. A tool that keeps a folder of its own adds its records to the lists
+at the end (PROTECTED and the others), so that no other tool writes over them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,19 @@ RUNS = "runs.csv"
 RUNS_LOCK = ".runs.lock"
 # A record that failed to read, renamed aside: runs.csv.damaged, then .damaged.2, .3 ...
 DAMAGED = re.compile(r".+\.damaged(\.\d+)?")
+
+# What tools/outputs.py protects, by kind. Records no other file is named like: refused
+# wherever they are (regular expressions).
+PROTECTED = [re.escape(RUN_LOCK), re.escape(RUNS_LOCK), DAMAGED.pattern]
+PROTECTED.append(r"events\.out\.tfevents\..*")  # TensorBoard's event files
+# Records with common names: refused inside a folder that holds a MARK (or a step file).
+RECORDS = [CONFIG, METRICS, RUNS, CURVES, TRACKED_STEP]
+# Folders all of whose content is the run's (or its tool's).
+OWNED_FOLDERS = list(TRACKER_FOLDERS)
+# A folder holding one of these is a run folder (config.yaml, .lock) or an output folder.
+MARKS = [CONFIG, RUN_LOCK, RUNS]
+
+# >>> sweeps
 # A sweep folder's records.
 SWEEP = "sweep.json"
 SWEEP_LOCK = ".sweep.lock"  # held for one read-modify-write of sweep.json
@@ -38,6 +52,12 @@ RESULTS = "results.csv"
 BEST_CONFIG = "best.yaml"
 ARRAY_SCRIPT = "sweep_array.sh"
 SWEEP_LOGS = "logs"  # each trial's output (and a SLURM array's)
+PROTECTED += [re.escape(SWEEP), rf"{re.escape(STUDY)}(-journal|-wal|-shm)?"]
+PROTECTED += [re.escape(SWEEP_LOCK), re.escape(SWEEP_RUN_LOCK)]
+RECORDS += [RESULTS, BEST_CONFIG, ARRAY_SCRIPT]
+OWNED_FOLDERS.append(SWEEP_LOGS)
+MARKS += [SWEEP, SWEEP_LOCK]
+# <<< sweeps
 
 
 def step_file(step: int) -> str:

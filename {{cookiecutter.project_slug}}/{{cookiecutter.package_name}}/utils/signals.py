@@ -16,8 +16,8 @@ def _named(*names: str) -> tuple:
 
 
 SIGNALS = _named("SIGTERM", "SIGUSR1", "SIGINT")
-# A closed terminal: the sweep stops on it too (its trials, in their own sessions, would not
-# hear it).
+# A closed terminal: a tool that runs others in their own sessions stops on it too (they
+# would not hear it).
 HANGUP = _named("SIGHUP")
 # Ignored by the shell that started us (a background job `cmd &`, nohup): they stay ignored.
 KEEP_IGNORED = _named("SIGINT", "SIGHUP")

@@ -505,12 +505,17 @@ def test_baked_project_passes_its_own_suite(bake):
     assert re.search(r"\d+ passed", tail) and "deselected" not in tail, tail
 
 
+# The corners of the options: lean, and each feature alone on top of it (full is the bake
+# whose whole suite runs above).
+CORNERS = [{"preset": "lean"}, *({"preset": "lean", f: "yes"} for f in FEATURE_FILES)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["lean"])
-def test_a_preset_bake_passes_its_own_fast_layer(bake, preset):
-    """What `make test` runs in a project baked with the preset (the full bake's whole suite
-    runs above): its tests must not lean on a file the preset leaves out."""
-    project = bake(preset=preset)
+@pytest.mark.parametrize("answers", CORNERS, ids=lambda a: "+".join([a["preset"], *list(a)[1:]]))
+def test_a_corner_bake_passes_its_own_fast_layer(bake, answers):
+    """What `make test` runs in a lean project, with each feature alone: its tests must not
+    lean on a file that the answers leave out."""
+    project = bake(**answers)
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-n", "auto"],

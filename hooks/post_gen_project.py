@@ -61,6 +61,7 @@ FEATURES = {
         "scripts/sweep.py",
         "tests/test_sweep.py",
         "tests/test_sweep_optuna.py",
+        "docs/sweeps.md",
     ),
     "gpu_check": (
         "scripts/gpu_check.py",
@@ -68,6 +69,7 @@ FEATURES = {
         "scripts/benchmark_gpu.py",
         "tests/test_gpu_check.py",
         "tests/test_benchmark_gpu.py",
+        "docs/gpu-check.md",
     ),
 }
 # What each preset chooses; a feature answered "preset" takes its preset's value.

@@ -27,6 +27,11 @@ EXPECTED = {
     "LICENSE",
     "Makefile",
     "README.md",
+    *(f"docs/{page}.md" for page in ("after-training", "checkpoints", "combinations", "data")),
+    *(f"docs/{page}.md" for page in ("distributed", "extending", "layout", "logging")),
+    *(f"docs/{page}.md" for page in ("reliability", "speed", "testing")),
+    "docs/sweeps.md",
+    "docs/gpu-check.md",
     "environment.yml",
     "pyproject.toml",
     "requirements.txt",
@@ -283,6 +288,7 @@ FEATURE_FILES = {
         "scripts/sweep.py",
         "tests/test_sweep.py",
         "tests/test_sweep_optuna.py",
+        "docs/sweeps.md",
     },
     "gpu_check": {
         "scripts/gpu_check.py",
@@ -292,6 +298,7 @@ FEATURE_FILES = {
         "scripts/benchmark_gpu.py",
         "tests/test_gpu_check.py",
         "tests/test_benchmark_gpu.py",
+        "docs/gpu-check.md",
     },
 }
 FEATURE_TRACES = {
@@ -410,6 +417,17 @@ def test_each_case_has_exactly_its_files_and_no_trace_of_what_was_left_out(baked
             ast.parse(text, filename=str(path))
 
 
+def test_the_lean_readme_is_a_short_map_and_docs_hold_the_reference(baked_cases):
+    """A newcomer reads the README in minutes (the template README states the sizes); the
+    reference is one page per topic in docs/, each named by the README."""
+    for case, project in zip(CASES, baked_cases[1], strict=True):
+        readme = (project / "README.md").read_text()
+        if case["preset"] == "lean" and case["docker"] == "no":
+            assert len(readme.splitlines()) <= 350, project
+        for page in (project / "docs").glob("*.md"):
+            assert f"docs/{page.name}" in readme, page.name
+
+
 @pytest.mark.parametrize("number", range(len(CASES)))
 def test_each_case_s_metadata_follows_its_answers(baked_cases, number):
     case, project = CASES[number], baked_cases[1][number]
@@ -424,7 +442,8 @@ def test_each_case_s_metadata_follows_its_answers(baked_cases, number):
 
 def test_every_path_named_by_readme_and_makefile_exists(bake):
     project = bake()
-    text = (project / "README.md").read_text() + (project / "Makefile").read_text()
+    pages = [project / "README.md", project / "Makefile", *(project / "docs").glob("*.md")]
+    text = "".join(page.read_text() for page in pages)
     named = set(
         re.findall(r"(?<![\w/.-])((?:scripts|configs|tests|data|checkpoints)/[\w./-]+\.\w+)", text)
     )
@@ -453,7 +472,8 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
 def test_every_make_target_in_readme_exists(bake):
     project = bake()
     targets = set(re.findall(r"^([a-z-]+):", (project / "Makefile").read_text(), re.M))
-    used = set(re.findall(r"\bmake ([a-z][a-z-]*)", (project / "README.md").read_text()))
+    pages = [project / "README.md", *(project / "docs").glob("*.md")]
+    used = set(re.findall(r"\bmake ([a-z][a-z-]*)", "".join(p.read_text() for p in pages)))
     assert used and used <= targets, used - targets
 
 

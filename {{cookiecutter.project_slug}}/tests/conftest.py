@@ -176,7 +176,7 @@ def needs(module: str):
 def block_network(monkeypatch, tmp_path: Path, test_file: str) -> None:
     """Any attempt to reach a hub fails the test at once instead of hanging; the libraries'
     caches are empty folders of the test. HF_HUB_OFFLINE=1, as an offline cluster sets it
-    (README), makes the hub client fail without its five retries (46 s); it reads it at
+    (docs/data.md), makes the hub client fail without its five retries (46 s); it reads it at
     import, so it is set on the module too."""
     import socket
 
@@ -199,6 +199,13 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def documentation() -> str:
+    """README.md and the pages of docs/, as one text with single spaces (line breaks in a
+    phrase do not matter)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return " ".join(" ".join(page.read_text().split()) for page in pages)
 
 
 def run_script(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path = ROOT):

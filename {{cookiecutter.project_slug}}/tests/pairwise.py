@@ -4,7 +4,7 @@ either expected to train or to be refused up front by one of REFUSED's rules. Th
 takes other axes too (the template's tests build the covering array of its options with it).
 
 Adding an axis or a value adds cases by itself; adding a refusal to the project means adding
-its rule here (and a line to the README's table of refused combinations).
+its rule here (and a line to docs/combinations.md's table of refused combinations).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The README's "Adding a dataset" and "Adding a model" examples, as written there: each is one
-file plus one registry line, and together they train and evaluate with no other change."""
+"""docs/extending.md's "Adding a dataset" and "Adding a model" examples, as written there:
+each is one file plus one registry line, and together they train and evaluate with no other
+change."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.slow  # trains and evaluates: make test-all
 
 
 def readme_file(name: str, monkeypatch) -> types.ModuleType:
-    """The README's code block that starts with `# <package>/<name>`, imported as a module."""
-    text = (ROOT / "README.md").read_text()
+    """docs/extending.md's code block that starts with `# <package>/<name>`, imported as a
+    module."""
+    text = (ROOT / "docs" / "extending.md").read_text()
     block = next(
         b
         for b in re.findall(r"```python\n(.*?)```", text, re.S)

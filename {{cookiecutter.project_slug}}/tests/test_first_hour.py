@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, run_script
+from conftest import ROOT, documentation, run_script
 
 from {{ cookiecutter.package_name }} import checkpoint, loop
 from {{ cookiecutter.package_name }}.checkpoint import Progress
@@ -199,7 +199,7 @@ def test_evaluate_prints_its_metrics_once(tiny, capsys):
 
 
 def test_the_cost_of_augmentation_and_how_to_turn_it_off_are_documented():
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = documentation()
     assert "data.augment=false" in readme and "loader throughput" in readme
     experiment = yaml.safe_load((ROOT / "configs/experiments/image_folder.yaml").read_text())
     assert "augment" in experiment["data"]

@@ -95,18 +95,18 @@ def test_make_gpu_check_writes_the_json_report_unless_args_names_another():
     assert make_gpu_check().json == "gpu-check.json"  # in the project root
     chosen = make_gpu_check("ARGS=--json other.json --only ddp")
     assert (chosen.json, chosen.names) == ("other.json", ["ddp"])
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "gpu-check.md").read_text()
     assert "`make gpu-check` writes the report to `gpu-check.json`" in " ".join(readme.split())
 
 
 def test_the_readme_estimates_the_run_time_the_checks_limits_imply():
-    """Each limit is 3-4 times its check's expected seconds on one H200: the README's estimate
-    of a whole run is the sum of those, not a figure of its own."""
+    """Each limit is 3-4 times its check's expected seconds on one H200: docs/gpu-check.md's
+    estimate of a whole run is the sum of those, not a figure of its own."""
     low, high = registry.expected_seconds()
     assert 0 < low < high
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "gpu-check.md").read_text().split())
     found = re.search(r"A run takes about (\d+) to (\d+) minutes on one H200", readme)
-    assert found, "the README's GPU check section says how long a run takes"
+    assert found, "docs/gpu-check.md says how long a run takes"
     assert tuple(map(int, found.groups())) == (round(low / 60), round(high / 60))
 
 

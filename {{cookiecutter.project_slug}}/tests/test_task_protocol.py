@@ -90,7 +90,7 @@ def test_the_check_changes_nothing_it_is_given(tiny):
 
 
 def test_the_readme_s_new_task_keeps_the_protocol_and_trains(tmp_path, tiny, monkeypatch):
-    """The README's "Adding a task", as written there: one file and one registry line."""
+    """docs/extending.md's "Adding a task", as written there: one file and one registry line."""
     l1 = readme_file("tasks/l1.py", monkeypatch)
     monkeypatch.setitem(TASKS, "l1", l1.L1)
     args = tiny_with(tiny, "task.name=l1", *data_for("value", tmp_path), "train.epochs=3")

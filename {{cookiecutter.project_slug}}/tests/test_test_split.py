@@ -1,5 +1,5 @@
 """The held-out test split (data.test_path, an image folder's test/), evaluate.py --split test
-and --data FILE, and the README's rule on validation splits other than the checkpoint's."""
+and --data FILE, and the documentation's rule on validation splits other than the checkpoint's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import documentation
 from PIL import Image
 
 from {{ cookiecutter.package_name }} import checkpoint
@@ -19,7 +19,7 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
-README = " ".join((ROOT / "README.md").read_text().split())  # words, not line breaks
+README = documentation()  # README.md and docs/, words, not line breaks
 
 
 def write_table(path: Path, rows: int, seed: int, columns=("a", "b", "c")) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, documentation
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
@@ -28,7 +28,7 @@ def test_every_file_that_names_the_floor_says_the_same():
     assert floor() == "2.6"
     requirements = (ROOT / "requirements.txt").read_text().splitlines()
     assert [line for line in requirements if line.startswith("torch")] == [f"torch>={floor()}"]
-    named = re.findall(r"torch>=([\d.]+)", (ROOT / "README.md").read_text())
+    named = re.findall(r"torch>=([\d.]+)", documentation())
     assert named and set(named) == {floor()}
 
 

@@ -45,7 +45,7 @@ def split(model: nn.Module, model_name: str = "this model") -> tuple[list, list]
         raise ConfigError(
             f"model.name={model_name} names no head apart from its backbone, which "
             "train.freeze_epochs, train.backbone_lr_ratio and train.bn_frozen need; give the "
-            "model a head() method returning its output layer (README: Adding a model)"
+            "model a head() method returning its output layer (docs/extending.md)"
         )
     return [p for p in params if id(p) in head], [p for p in params if id(p) not in head]
 

@@ -97,7 +97,7 @@ SEVERAL_GPUS = [
 
 # The order they run in: what proves most first, so that a run cut short by --budget has it.
 # Limits are 3-4 times (LIMIT_OVER_EXPECTED) the seconds each is expected to take on one H200
-# (a cold start): expected_seconds() sums those for the README's estimate of a whole run.
+# (a cold start): expected_seconds() sums those for docs/gpu-check.md's estimate of a run.
 LIMIT_OVER_EXPECTED = (3, 4)
 CHECKS = (
     Spec("default_run", paths.check_default_run, ("device", "tf32", "pinned", "memory"), 60),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-# Where evaluation of other rows is meant to go: the README's "Validation split".
+# Where evaluation of other rows is meant to go: docs/data.md's "Splits and training order".
 OTHER_ROWS = (
     "evaluate on the same data; score another labelled table with evaluate.py --data FILE, "
     "or the run's data.test_path with --split test"

@@ -58,7 +58,7 @@ class Options:
     crop_pct: float = 0.0
     interpolation: Literal["auto", "bilinear", "bicubic", "nearest"] = "auto"
     # Random shifts (and flips, below) of the training images. They cost loader throughput
-    # (README: Your data): data.augment=false when the loader is what limits training.
+    # (docs/data.md: Image folders): data.augment=false when the loader is what limits training.
     augment: bool = True
     hflip: bool = True  # augment with mirror images too; off when left/right matters (text)
     # Per channel (R,G,B), or one number for all three; auto: the pretrained model's, else 0.5

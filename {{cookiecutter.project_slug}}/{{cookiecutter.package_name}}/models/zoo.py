@@ -238,5 +238,5 @@ def offline(what: str, exc: BaseException, local: str = "a local weights file") 
     return (
         f"{what} could not be read ({first_line(exc, 100)}); without the network, set "
         f"model.weights=<{local}>, and HF_HUB_OFFLINE=1 to stop the hub's retries "
-        "(README: Pretrained models)"
+        "(docs/data.md: Pretrained models)"
     )

@@ -121,7 +121,7 @@ def remove_stale(folder: Path, name: str | None = None) -> list[Path]:
 
 def _alive(pid: int) -> bool:
     # Looked up on this machine only: on a folder shared by several machines, another
-    # machine's live process is not seen (the README's limit).
+    # machine's live process is not seen (docs/reliability.md states the limit).
     if pid == os.getpid():  # ours from an earlier process of the same id: it is gone
         return False
     try:

@@ -123,7 +123,19 @@ def test_cruft_create_then_update_keeps_user_edits(tmp_path, env, skip_variable,
     run([*CRUFT, "check"], project, env)
 
 
-def test_cruft_update_brings_a_feature_in_and_takes_it_out(tmp_path, env):
+# Per feature: files that are its own, and a shared file with a line only it brings.
+FEATURE_TRACES = {
+    "gpu_check": (["scripts/gpu_check.py", "scripts/gpu_checks"], "Makefile", "gpu-check:"),
+    "sweeps": (
+        ["scripts/sweep.py", "my_pytorch_project/tools/sweep.py", "docs/sweeps.md"],
+        "pyproject.toml",
+        "optuna",
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", FEATURE_TRACES)
+def test_cruft_update_brings_a_feature_in_and_takes_it_out(tmp_path, env, feature):
     """An option changed in .cruft.json (here through --variables-to-update) adds the feature's
     files and lines, or removes them, and leaves the user's own edits and files alone."""
     if shutil.which("git") is None:
@@ -135,31 +147,28 @@ def test_cruft_update_brings_a_feature_in_and_takes_it_out(tmp_path, env):
     run([*CRUFT, "create", str(template), "--no-input", "--output-dir", str(tmp_path),
          "--extra-context", extra], tmp_path, env)  # fmt: skip
     project = tmp_path / "my-pytorch-project"
-    feature = [project / "scripts" / "gpu_check.py", project / "scripts" / "gpu_checks"]
-    makefile = project / "Makefile"
-    assert not any(path.exists() for path in feature) and "gpu-check" not in makefile.read_text()
+    paths, shared_name, line = FEATURE_TRACES[feature]
+    own = [project / path for path in paths]
+    shared = project / shared_name
+    assert not any(path.exists() for path in own) and line not in shared.read_text()
     run(["git", "init", "-q"], project, env)
     commit_all(project, env, "generated")
-    makefile.write_text(f"{USER_LINE}\n{makefile.read_text()}")
+    shared.write_text(f"{USER_LINE}\n{shared.read_text()}")
     mine = project / "tests" / "test_mine.py"
     mine.write_text('"""Mine."""\n')
     commit_all(project, env, "my edits")
 
     for value in ("yes", "no"):
-        update = ["update", "-y", "--variables-to-update", json.dumps({"gpu_check": value})]
+        update = ["update", "-y", "--variables-to-update", json.dumps({feature: value})]
         run([*CRUFT, *update], project, env)
-        assert all(path.exists() == (value == "yes") for path in feature), value
-        text = makefile.read_text()
-        assert text.startswith(USER_LINE) and ("gpu-check:" in text) == (value == "yes")
+        assert all(path.exists() == (value == "yes") for path in own), value
+        text = shared.read_text()
+        assert text.startswith(USER_LINE) and (line in text) == (value == "yes")
         assert mine.read_text() == '"""Mine."""\n'
-        assert (
-            json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"][
-                "gpu_check"
-            ]
-            == value
-        )
+        answers = json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]
+        assert answers[feature] == value
         assert not list(project.rglob("*.rej")) and not list(project.rglob("*.orig"))
-        commit_all(project, env, f"gpu_check={value}")
+        commit_all(project, env, f"{feature}={value}")
 
 
 # --- .cookiecutter.json: the answers, without the generating machine's paths ---

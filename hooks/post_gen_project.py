@@ -63,6 +63,11 @@ FEATURES = {
         "tests/test_sweep_optuna.py",
         "docs/sweeps.md",
     ),
+    "trackers": (
+        "{package}/utils/tracker_wandb.py",
+        "{package}/utils/tracker_mlflow.py",
+        "tests/test_trackers.py",
+    ),
     "gpu_check": (
         "scripts/gpu_check.py",
         "scripts/gpu_checks",

@@ -158,6 +158,8 @@ EXPECTED = {
     "PKG/utils/plots.py",
     "PKG/utils/metrics.py",
     "PKG/utils/trackers.py",
+    "PKG/utils/tracker_wandb.py",
+    "PKG/utils/tracker_mlflow.py",
     "PKG/utils/seed.py",
     "tests/conftest.py",
     "tests/test_config.py",
@@ -290,6 +292,11 @@ FEATURE_FILES = {
         "tests/test_sweep_optuna.py",
         "docs/sweeps.md",
     },
+    "trackers": {
+        "PKG/utils/tracker_wandb.py",
+        "PKG/utils/tracker_mlflow.py",
+        "tests/test_trackers.py",
+    },
     "gpu_check": {
         "scripts/gpu_check.py",
         *(f"scripts/gpu_checks/{name}.py" for name in ("__init__", "common", "numerics")),
@@ -303,6 +310,7 @@ FEATURE_FILES = {
 }
 FEATURE_TRACES = {
     "sweeps": re.compile(r"sweep|optuna", re.IGNORECASE),
+    "trackers": re.compile(r"wandb|mlflow|mlruns", re.IGNORECASE),
     "gpu_check": re.compile(r"gpu[ _-]?checks?|benchmark_gpu", re.IGNORECASE),
 }
 # What the template uses to mark a feature's lines: none may be left in a bake.

@@ -328,3 +328,33 @@ def test_best_metric_auto_is_the_task_s_first_metric():
 def test_keys_of_earlier_versions_name_what_replaced_them(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    ("value", "loggers"),
+    [
+        ("csv,tensorboard", ["csv", "tensorboard"]),  # the shell-friendly form
+        ("[tensorboard, csv]", ["tensorboard", "csv"]),
+        ("[csv, csv]", ["csv"]),
+        ("", []),
+    ],
+)
+def test_loggers_read_as_a_list(value, loggers):
+    assert load_config(None, [f"run.loggers={value}"]).run.loggers == loggers
+
+
+@pytest.mark.parametrize(
+    ("value", "messages"),
+    [
+        (
+            "csv,tensorbord",
+            ["run.loggers[1] must be one of csv, tensorboard", "(did you mean 'tensorboard'?)"],
+        ),
+        ("3", ["run.loggers expects a list such as [a, b] or a,b; got 3 (int)"]),
+        ("{a: 1}", ["run.loggers expects a list"]),
+    ],
+)
+def test_bad_loggers_name_the_item_and_the_closest_choice(value, messages):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"run.loggers={value}"])
+    assert all(message in str(err.value) for message in messages), str(err.value)

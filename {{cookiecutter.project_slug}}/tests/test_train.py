@@ -240,8 +240,8 @@ OPTIONAL = (
     "onnx",
     "onnxscript",
     "onnxruntime",
-    "wandb",
-    "mlflow",
+    "wandb",  # feature: trackers
+    "mlflow",  # feature: trackers
     "optuna",  # feature: sweeps
     # The tools a training run does not use (its entry point is tools/train.py).
     *(

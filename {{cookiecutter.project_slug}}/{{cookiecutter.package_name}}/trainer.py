@@ -115,7 +115,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
 def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
     """Checks that need the device, CPU threads, backend flags and seeds; returns the threads."""
     check_amp(cfg.train.amp, device)
-    check_installed(cfg.run.loggers)  # wandb, mlflow: optional packages
+    check_installed(cfg.run.loggers)  # a tracker's package is optional
     threads = configure_threads(cfg.run.threads)  # shared by the processes of this machine
     configure_backends(device, cfg.train.tf32, cfg.run.deterministic)
     # A hash, not seed + rank: seed 43's rank 0 would be seed 42's rank 1.

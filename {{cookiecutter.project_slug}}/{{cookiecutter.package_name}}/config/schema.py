@@ -10,7 +10,13 @@ from ..errors import ConfigError
 from ..utils.metrics import direction
 from .text import did_you_mean
 
-Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]  # see utils/logger.py, utils/trackers.py
+# Where metrics go: utils/logger.py (csv, tensorboard) and the trackers of utils/trackers.py.
+# >>> trackers
+Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]
+# <<< trackers
+# >>> !trackers
+Logger = Literal["csv", "tensorboard"]
+# <<< !trackers
 
 
 @dataclass
@@ -21,9 +27,11 @@ class RunConfig:
     output_dir: str = "checkpoints"  # parent folder of every run folder
     deterministic: bool = False  # bitwise-reproducible kernels; slower, turns cudnn.benchmark off
     log_every: int = 50  # optimizer steps between loss reads (each read waits for the GPU)
-    # Where metrics go: csv (metrics.csv + curves.png; always written) | tensorboard | wandb |
-    # mlflow. wandb and mlflow record offline inside the run folder unless WANDB_MODE or
-    # MLFLOW_TRACKING_URI say otherwise; pip install them to use them.
+    # Where metrics go: csv (metrics.csv + curves.png; always written) | tensorboard
+    # >>> trackers
+    # | wandb | mlflow. wandb and mlflow record offline inside the run folder unless
+    # WANDB_MODE or MLFLOW_TRACKING_URI say otherwise; pip install them to use them.
+    # <<< trackers
     loggers: list[Logger] = field(default_factory=lambda: ["csv", "tensorboard"])
     threads: int = 0  # torch CPU threads per process; 0 = auto (usable CPUs / local processes)
 

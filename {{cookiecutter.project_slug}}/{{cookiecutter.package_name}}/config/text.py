@@ -224,7 +224,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
 
 
 def coerce_list(value: Any, item: Any, key: str) -> list:
-    """A list setting: a YAML list, or text split at commas (`run.loggers=csv,wandb` needs no
+    """A list setting: a YAML list, or text split at commas (`run.loggers=csv,tensorboard` needs no
     brackets, which shells expand); each item checked as `item`, repeated names dropped."""
     if value is None:
         value = []

@@ -152,10 +152,10 @@ class MetricLogger:
 
 
 def _rewound(run_dir: Path, ids: dict, step: int) -> tuple[dict, dict | None]:
-    """The tracker runs to continue, and what a new one branches from. The trackers cannot
-    drop what was logged after the checkpoint resumed from (wandb would instead drop the
-    replayed steps; MLflow would keep two values per step), so a resume after such steps logs
-    to new tracker runs (same name), each noting the run and step it continues."""
+    """The tracker runs to continue, and what a new one branches from. A tracker cannot drop
+    what was logged after the checkpoint resumed from (one would drop the replayed steps,
+    another keep two values per step), so a resume after such steps logs to new tracker runs
+    (same name), each noting the run and step it continues."""
     try:
         logged = int((run_dir / TRACKED_STEP).read_text())
     except (FileNotFoundError, ValueError):

@@ -24,7 +24,8 @@ CONFIG = "config.yaml"
 METRICS = "metrics.csv"
 CURVES = "curves.png"
 TRACKED_STEP = ".tracked_step"  # the last step given to the experiment trackers
-TRACKER_FOLDERS = ("tb", "wandb", "mlruns")  # TensorBoard's and the trackers' folders
+TRACKER_FOLDERS = ["tb"]  # TensorBoard's folder, and each tracker's local store:
+TRACKER_FOLDERS += ["wandb", "mlruns"]  # feature: trackers
 # The output folder's table of runs, and the lock its rewrites take.
 RUNS = "runs.csv"
 RUNS_LOCK = ".runs.lock"

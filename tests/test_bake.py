@@ -517,20 +517,26 @@ def test_baked_project_passes_its_own_suite(bake):
     # The optional packages its tests exercise: absent, those tests would skip unseen.
     missing = [m for m in OPTIONAL_PACKAGES if importlib.util.find_spec(m) is None]
     assert not missing, f"pip install -r requirements-slow.txt first (missing {missing})"
-    project = bake(**AWKWARD)
+    tail = run_baked_suite(bake(**AWKWARD), "-m", "slow or not slow", "--dist", "worksteal")
+    assert "deselected" not in tail, tail
+
+
+def run_baked_suite(project: Path, *args: str, timeout: float = 1500) -> str:
+    """The project's own pytest (no install: PYTHONPATH) on every core; its last lines, once
+    it has passed."""
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-m", "slow or not slow"]
-        + ["-n", "auto", "--dist", "worksteal"],
+        [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-n", "auto", *args],
         cwd=project,
         env=env,
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=timeout,
     )
     tail = "\n".join(proc.stdout.splitlines()[-80:])
     assert proc.returncode == 0, tail + proc.stderr[-2000:]
-    assert re.search(r"\d+ passed", tail) and "deselected" not in tail, tail
+    assert re.search(r"\d+ passed", tail), tail
+    return tail
 
 
 # The corners of the options: lean, and each feature alone on top of it (full is the bake
@@ -543,16 +549,4 @@ CORNERS = [{"preset": "lean"}, *({"preset": "lean", f: "yes"} for f in FEATURE_F
 def test_a_corner_bake_passes_its_own_fast_layer(bake, answers):
     """What `make test` runs in a lean project, with each feature alone: its tests must not
     lean on a file that the answers leave out."""
-    project = bake(**answers)
-    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-n", "auto"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    tail = "\n".join(proc.stdout.splitlines()[-30:])
-    assert proc.returncode == 0, tail + proc.stderr[-2000:]
-    assert re.search(r"\d+ passed", tail), tail
+    run_baked_suite(bake(**answers), timeout=900)

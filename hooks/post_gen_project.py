@@ -150,7 +150,8 @@ def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> st
 
 def apply_features(answers: dict, project: Path) -> None:
     """Remove the files of the features not chosen and the marked lines of shared files; the
-    marks go from every file. Running it again changes nothing."""
+    marks go from every file the template wrote (a file of yours, in a folder generated again,
+    is not read). Running it again changes nothing."""
     chosen = chosen_features(answers)
     for name, paths in FEATURES.items():
         if chosen[name]:
@@ -162,7 +163,8 @@ def apply_features(answers: dict, project: Path) -> None:
             else:
                 path.unlink(missing_ok=True)
     skip = {".git", ".venv", ".conda-env", "__pycache__", "node_modules"}
-    for path in project.rglob("*"):
+    written = template_files(answers, project)
+    for path in project.rglob("*") if written is None else map(project.joinpath, written):
         if path.suffix not in MARKED_SUFFIXES or not path.is_file() or skip & set(path.parts):
             continue
         try:

@@ -155,3 +155,13 @@ def test_package_sources_are_copied_without_rendering(tmp_path):
         str(template), no_input=True, extra_context=FAST, output_dir=str(tmp_path)
     )
     assert (Path(project) / "my_pytorch_project" / "b.py").read_text() == source
+
+
+def test_a_file_of_yours_is_not_read_for_marks(post, bake):
+    """Generated again over a project, the hook edits only the files the template wrote."""
+    project = bake(preset="lean")
+    mine = project / "notes.py"
+    mine.write_text("x = 1  # feature: gpu_check\n# >>> not_a_feature\n")
+    answers = {"preset": "lean", "gpu_check": "preset", "package_name": "my_pytorch_project"}
+    post.apply_features({**answers, "_repo_dir": str(TEMPLATE)}, project)
+    assert mine.read_text() == "x = 1  # feature: gpu_check\n# >>> not_a_feature\n"

@@ -521,9 +521,11 @@ def test_baked_project_passes_its_own_suite(bake):
     assert "deselected" not in tail, tail
 
 
-def run_baked_suite(project: Path, *args: str, timeout: float = 1500) -> str:
+def run_baked_suite(
+    project: Path, *args: str, timeout: float = 1500, expect: str = r"\d+ passed"
+) -> str:
     """The project's own pytest (no install: PYTHONPATH) on every core; its last lines, once
-    it has passed."""
+    it has passed (its summary matches `expect`)."""
     env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-n", "auto", *args],
@@ -535,7 +537,7 @@ def run_baked_suite(project: Path, *args: str, timeout: float = 1500) -> str:
     )
     tail = "\n".join(proc.stdout.splitlines()[-80:])
     assert proc.returncode == 0, tail + proc.stderr[-2000:]
-    assert re.search(r"\d+ passed", tail), tail
+    assert re.search(expect, tail), tail
     return tail
 
 
@@ -547,6 +549,13 @@ CORNERS = [{"preset": "lean"}, *({"preset": "lean", f: "yes"} for f in FEATURE_F
 @pytest.mark.slow
 @pytest.mark.parametrize("answers", CORNERS, ids=lambda a: "+".join([a["preset"], *list(a)[1:]]))
 def test_a_corner_bake_passes_its_own_fast_layer(bake, answers):
-    """What `make test` runs in a lean project, with each feature alone: its tests must not
-    lean on a file that the answers leave out."""
-    run_baked_suite(bake(**answers), timeout=900)
+    """The lean project's `make test`; with a feature alone on top of it, every test module
+    imports and the feature's own fast tests pass: nothing of it leans on another feature."""
+    project = bake(**answers)
+    (feature,) = list(answers)[1:] or [None]
+    if feature is None:
+        run_baked_suite(project, timeout=900)
+        return
+    run_baked_suite(project, "--collect-only", timeout=300, expect=r"\d+ tests collected")
+    own = sorted(f for f in FEATURE_FILES[feature] if f.startswith("tests/"))
+    run_baked_suite(project, *own, timeout=600)

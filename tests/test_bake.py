@@ -434,6 +434,7 @@ def test_the_lean_readme_is_a_short_map_and_docs_hold_the_reference(baked_cases)
             assert len(readme.splitlines()) <= 350, project
         for page in (project / "docs").glob("*.md"):
             assert f"docs/{page.name}" in readme, page.name
+            assert page.read_text().startswith("# "), f"{page.name}: a page starts with its title"
 
 
 @pytest.mark.parametrize("number", range(len(CASES)))

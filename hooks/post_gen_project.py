@@ -105,6 +105,13 @@ def wanted(name: str, chosen: dict[str, bool]) -> bool:
     return not chosen[name[1:]] if name.startswith("!") else chosen[name]
 
 
+def known(name: str, chosen: dict[str, bool], where: str) -> str:
+    """`name`, if it is a feature (or !feature); else the template's error, raised."""
+    if name.lstrip("!") not in chosen:
+        raise ValueError(f"{where}: unknown feature {name!r}")
+    return name
+
+
 def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> str:
     """`text` without the lines of unchosen features and without any mark; a mark of an
     unknown feature or an unclosed block is an error of the template, raised."""
@@ -116,8 +123,7 @@ def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> st
         block = FEATURE_MARK.match(line)
         if block:
             kind, name = block.groups()
-            if name.lstrip("!") not in chosen:
-                raise ValueError(f"{where}:{number}: unknown feature {name!r}")
+            known(name, chosen, f"{where}:{number}")
             if kind == ">>>":
                 open_blocks.append(name)
             elif not open_blocks or open_blocks.pop() != name:
@@ -126,9 +132,7 @@ def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> st
         tag = LINE_MARK.search(line)
         names = list(open_blocks)
         if tag:
-            names.append(tag.group(1) or tag.group(2))
-            if names[-1].lstrip("!") not in chosen:
-                raise ValueError(f"{where}:{number}: unknown feature {names[-1]!r}")
+            names.append(known(tag.group(1) or tag.group(2), chosen, f"{where}:{number}"))
             line = line[: tag.start()] + line[tag.end() :].lstrip(" \t")
             line = line if line.endswith("\n") else line + "\n"
         if not all(wanted(name, chosen) for name in names):

@@ -8,15 +8,12 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from ..utils.metrics import direction
+from ..utils.trackers import TRACKERS
 from .text import did_you_mean
 
-# Where metrics go: utils/logger.py (csv, tensorboard) and the trackers of utils/trackers.py.
-# >>> trackers
-Logger = Literal["csv", "tensorboard", "wandb", "mlflow"]
-# <<< trackers
-# >>> !trackers
-Logger = Literal["csv", "tensorboard"]
-# <<< !trackers
+# Where metrics go: utils/logger.py (csv, tensorboard) and the trackers of utils/trackers.py
+# (its registry; a Literal of those names, so an unknown one is refused with the choices).
+Logger = Literal[("csv", "tensorboard", *TRACKERS)]
 
 
 @dataclass

@@ -6,8 +6,8 @@ built as Tracker(run_dir, config, run_id, parent). Its run id is saved in every 
 (`trackers` in the state), so a resumed run keeps logging into the same tracker run; after a
 crash that left steps logged past the checkpoint, a resume logs to a new tracker run instead
 (`parent`: the run and step it continues; logger.py's _rewound). Only rank 0 opens trackers
-(see logger.py). Adding one is a module of utils/, a line in TRACKERS and its name in
-config/schema.py's Logger.
+(see logger.py). Adding one is a module of utils/ and a line in TRACKERS (config/schema.py
+reads the names from it).
 """
 
 from __future__ import annotations

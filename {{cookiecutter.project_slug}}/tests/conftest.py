@@ -194,9 +194,11 @@ def block_network(monkeypatch, tmp_path: Path, test_file: str) -> None:
 
 
 def load_script(name: str):
-    """scripts/<name>.py as a module (scripts/ is not a package), its main() not run."""
+    """scripts/<name>.py as a module (scripts/ is not a package), its main() not run; in
+    sys.modules, where its dataclasses look their module up."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

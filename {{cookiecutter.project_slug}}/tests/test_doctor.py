@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import shutil
@@ -14,12 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "doctor.py"
-# scripts/ is not a package, so load the module from its path (it imports doctor_checks).
-spec = importlib.util.spec_from_file_location("doctor", SCRIPT)
-doctor = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(doctor)
+doctor = load_script("doctor")  # it imports doctor_checks, from beside it
 diagnosis = sys.modules["doctor_checks"]
 
 HEALTHY = {

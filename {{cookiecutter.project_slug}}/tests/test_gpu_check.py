@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, load_script, run_script
 
 import {{ cookiecutter.package_name }} as package
 from {{ cookiecutter.package_name }} import distributed
@@ -30,11 +29,7 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 
 SCRIPT = "scripts/gpu_check.py"
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # hides any GPU, so these tests mean the same everywhere
-# scripts/ is not a package: load the script from its path; its gpu_checks/ sits beside it.
-spec = importlib.util.spec_from_file_location("gpu_check", ROOT / SCRIPT)
-gpu_check = importlib.util.module_from_spec(spec)
-sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up there
-spec.loader.exec_module(gpu_check)
+gpu_check = load_script("gpu_check")
 from gpu_checks import common, registry  # noqa: E402  (importable once gpu_check is loaded)
 
 CPU = common.Machine("cpu", 0, None)

@@ -52,8 +52,17 @@ def run_by_cruft(answers: dict) -> bool:
 # feature is not chosen. Lines of shared files that belong to a feature are marked (see
 # FEATURE_MARK); the rest of the project does not know the feature exists.
 FEATURES = {
-    "sweeps": (
+    "fsdp": (
         # {package}: the package folder (written with one brace: Jinja renders this file)
+        "{package}/fsdp.py",
+        "{package}/checkpoint/sharded.py",
+        "{package}/checkpoint/shard_reader.py",
+        "{package}/tools/consolidate.py",
+        "scripts/consolidate.py",
+        "tests/test_fsdp.py",
+        "tests/test_checkpoint_safety.py",
+    ),
+    "sweeps": (
         *("{package}/tools/sweep.py", "{package}/tools/sweep_cli.py"),
         *("{package}/tools/sweep_plan.py", "{package}/tools/sweep_report.py"),
         *("{package}/tools/sweep_manifest.py", "{package}/tools/sweep_optuna.py"),
@@ -89,6 +98,7 @@ PRESETS = {
 # it is not, for the words that differ without it).
 FEATURE_MARK = re.compile(r"^\s*(?:#|<!--) (>>>|<<<) (!?\w+)(?: -->)?\s*$")
 LINE_MARK = re.compile(r"\s*(?:# feature: (!?\w+)|<!-- feature: (!?\w+) -->)\s*$")
+ANY_LINE_MARK = re.compile(r"(?:#|<!--) feature: !?\w+")  # one not at the end is an error
 # Files that may hold marks (the others are not read).
 MARKED_SUFFIXES = {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".sh", ".cfg", ""}
 
@@ -130,6 +140,8 @@ def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> st
                 raise ValueError(f"{where}:{number}: '<<< {name}' closes no open block")
             continue
         tag = LINE_MARK.search(line)
+        if not tag and ANY_LINE_MARK.search(line):
+            raise ValueError(f"{where}:{number}: a feature mark must end its line")
         names = list(open_blocks)
         if tag:
             names.append(known(tag.group(1) or tag.group(2), chosen, f"{where}:{number}"))
@@ -149,6 +161,8 @@ def keep_marked_lines(text: str, chosen: dict[str, bool], where: str = "") -> st
         kept.append(line)
     if open_blocks:
         raise ValueError(f"{where}: block '>>> {open_blocks[-1]}' is not closed")
+    while dropped and kept and not kept[-1].strip():  # a file ending in a dropped block
+        kept.pop()
     return "".join(kept)
 
 

@@ -107,6 +107,7 @@ def test_marked_lines_stay_only_with_their_feature_and_no_mark_stays(post):
         ("x = 1  # feature: nope\n", "unknown feature 'nope'"),
         ("# >>> gpu_check\nx\n", "block '>>> gpu_check' is not closed"),
         ("x\n# <<< gpu_check\n", "'<<< gpu_check' closes no open block"),
+        ("a <!-- feature: gpu_check --> b\n", ":1: a feature mark must end its line"),
     ],
 )
 def test_a_broken_mark_is_an_error_naming_file_and_line(post, text, error):
@@ -123,7 +124,9 @@ def test_every_mark_in_the_template_is_well_formed(post):
             continue
         text = path.read_text(encoding="utf-8", errors="ignore")
         lines = text.splitlines()
-        if not any(post.FEATURE_MARK.match(line) or post.LINE_MARK.search(line) for line in lines):
+        if not any(
+            post.FEATURE_MARK.match(line) or post.ANY_LINE_MARK.search(line) for line in lines
+        ):
             continue
         marked += 1
         for value in (True, False):

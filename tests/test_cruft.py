@@ -125,6 +125,11 @@ def test_cruft_create_then_update_keeps_user_edits(tmp_path, env, skip_variable,
 
 # Per feature: files that are its own, and a shared file with a line only it brings.
 FEATURE_TRACES = {
+    "fsdp": (
+        ["my_pytorch_project/fsdp.py", "scripts/consolidate.py"],
+        "configs/default.yaml",
+        "cpu_offload",
+    ),
     "gpu_check": (["scripts/gpu_check.py", "scripts/gpu_checks"], "Makefile", "gpu-check:"),
     "trackers": (["my_pytorch_project/utils/tracker_wandb.py"], "configs/default.yaml", "mlflow"),
     "sweeps": (

@@ -15,6 +15,6 @@ if __name__ == "__main__":
     # Before the tool's imports (torch takes seconds): a stop signal during start-up ends it
     # with exit 75 (Ctrl-C: 130) and one line, nothing written, instead of killing it.
     hold_signals()
-    from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main
+    from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main
 
     raise SystemExit(consolidate_main())

@@ -19,7 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
-# FSDP2 on the CPU and ONNX export need torch >= 2.7; on the floor (2.6) both are refused
+# FSDP2 on the CPU and ONNX export need torch >= 2.7; on the floor (2.6) both are refused  # feature: fsdp
+# ONNX export needs torch >= 2.7; on the floor (2.6) it is refused  # feature: !fsdp
 # with one line (test_torch_floor.py), and the tests that run them skip.
 NEEDS_TORCH_2_7 = pytest.mark.skipif(
     tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7),

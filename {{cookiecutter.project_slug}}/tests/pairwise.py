@@ -32,7 +32,8 @@ AXES: dict[str, list] = {
     ],
     # How the model is wrapped, and on how many ranks (two: torchrun, gloo on the CPU). Two
     # axes, not one: every task then needs one two-rank case, not one per strategy.
-    "strategy": ["ddp", "fsdp"],
+    "strategy": ["ddp", "fsdp"],  # feature: fsdp
+    "strategy": ["ddp"],  # feature: !fsdp
     "world": [1, 2],
     "amp": ["off", "bf16", "fp16"],
     "compile": [False, True],
@@ -50,7 +51,7 @@ AXES: dict[str, list] = {
     "export": ["torchscript", "export", "onnx"],
     "act_ckpt": [False, True],  # train.activation_checkpointing
     "sync_bn": [False, True],
-    "cpu_offload": [False, True],
+    "cpu_offload": [False, True],  # feature: fsdp
     "deterministic": [False, True],  # run.deterministic
     # The one setting each resume changes: train.lr halved, train.amp off <-> bf16 (fp16 ->
     # bf16), train.channels_last flipped (refused on non-image inputs), run.seed (refused).
@@ -86,21 +87,23 @@ class Rule:
 
 # In the order the project checks them (config validation, the device's precision, the data,
 # the model's build), so that a case two rules refuse is refused by the first.
-OFFLOAD = "offloading moves fsdp's shards to CPU memory"
+OFFLOAD = "offloading moves fsdp's shards to CPU memory"  # feature: fsdp
 REFUSED = [
+    # >>> fsdp
     Rule({"cpu_offload": [True], "strategy": ["ddp"]}, ("train.cpu_offload=true",), OFFLOAD),
     Rule(
         {"sync_bn": [True], "strategy": ["fsdp"]},
         ("train.sync_bn=true", "train.strategy=fsdp"),
         "BatchNorm statistics are synchronised before validation anyway",
     ),
+    # <<< fsdp
     Rule({"amp": ["fp16"]}, ("train.amp=fp16",), "fp16 needs a GPU; bf16 runs on CPU", ("cpu",)),
     Rule(
         {"task": [t for t in AXES["task"] if t not in IMAGE_TASKS], "channels_last": [True]},
         ("train.channels_last",),
         "channels_last is a layout of image batches (N, C, H, W); other inputs have none",
     ),
-    Rule({"cpu_offload": [True]}, ("train.cpu_offload=true",), OFFLOAD, ("cpu",)),
+    Rule({"cpu_offload": [True]}, ("train.cpu_offload=true",), OFFLOAD, ("cpu",)),  # feature: fsdp
     Rule(
         {"sync_bn": [True], "world": [2]},
         ("train.sync_bn=true",),
@@ -110,7 +113,8 @@ REFUSED = [
 ]
 
 # Cases the CPU cannot run (listed by the suite; COMBINATIONS_DEVICE=cuda runs them).
-GPU_ONLY = {"amp": ["fp16"], "cpu_offload": [True]}
+GPU_ONLY = {"amp": ["fp16"], "cpu_offload": [True]}  # feature: fsdp
+GPU_ONLY = {"amp": ["fp16"]}  # feature: !fsdp
 
 
 def resume_refusal(case: dict) -> tuple[str, ...] | None:

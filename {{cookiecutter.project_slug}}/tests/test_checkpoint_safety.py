@@ -24,7 +24,7 @@ from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.checkpoint import shard_reader, sharded
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError
-from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main
+from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
 REFUSED = r"holds pickled Python objects \(posix\.system.*\), which weights_only loading refuses"

@@ -11,17 +11,20 @@ A lint test keeps every collective inside distributed.py, where the check is.
 from __future__ import annotations
 
 import ast
-from copy import deepcopy
+from copy import deepcopy  # feature: fsdp
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import NEEDS_TORCH_2_7, ROOT
+from conftest import NEEDS_TORCH_2_7, ROOT  # feature: fsdp
+from conftest import ROOT  # feature: !fsdp
 from torch.utils.data import DataLoader, TensorDataset
 
-from {{ cookiecutter.package_name }} import distributed, parallel
+from {{ cookiecutter.package_name }} import distributed, fsdp  # feature: fsdp
+from {{ cookiecutter.package_name }} import distributed  # feature: !fsdp
 from {{ cookiecutter.package_name }}.checkpoint import Progress
-from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
+from {{ cookiecutter.package_name }}.config import TrainConfig, load_config  # feature: fsdp
+from {{ cookiecutter.package_name }}.config import load_config  # feature: !fsdp
 from {{ cookiecutter.package_name }}.distributed import DistInfo, StopVote
 from {{ cookiecutter.package_name }}.loop import read_losses
 from {{ cookiecutter.package_name }}.models import build_model
@@ -34,21 +37,28 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture
-def sharded():
-    """The default CNN, tiny, sharded under fsdp on one process (shard() joins a one-rank gloo
-    group, as one process does); the group is left at the end."""
+def grouped():
+    """The default CNN, tiny, on one process in a one-rank gloo group, left at the end."""  # feature: !fsdp
+    """The default CNN, tiny, on one process in a one-rank gloo group, left at the end;  # feature: fsdp
+    sharded under fsdp (shard() joins the group, as one process does)."""  # feature: fsdp
     torch.manual_seed(0)
     cfg = load_config(None, ["model.width=4", "model.depth=1"])
     net = build_model(cfg.model, torch.randn(2, 3, 8, 8), 4)
     try:
+        # >>> fsdp
         train = TrainConfig(strategy="fsdp")
-        yield parallel.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
+        yield fsdp.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
+        # <<< fsdp
+        # >>> !fsdp
+        distributed.join(CPU, store=torch.distributed.HashStore(), rank=0, world_size=1)
+        yield net
+        # <<< !fsdp
     finally:
         distributed.teardown()
 
 
-@NEEDS_TORCH_2_7  # FSDP2 on the CPU
-def test_a_tensor_on_another_device_than_the_group_s_is_refused_by_name(sharded):
+@NEEDS_TORCH_2_7  # FSDP2 on the CPU  # feature: fsdp
+def test_a_tensor_on_another_device_than_the_group_s_is_refused_by_name(grouped):
     for collective in (distributed.all_reduce_sum, distributed.all_reduce_max):
         with pytest.raises(RuntimeError, match="on meta.* serves cpu"):
             collective(torch.ones(2, device="meta"))
@@ -62,14 +72,16 @@ class Batches(list):
     dataset = None
 
 
-@NEEDS_TORCH_2_7  # FSDP2 on the CPU
-def test_every_collective_of_a_run_gets_its_tensor_on_the_run_s_device(sharded):
-    """What a run calls between ranks (the fsdp validation loader, evaluation with the
-    report's collector, the loss log and stop vote, BatchNorm statistics) with new tensors on
-    meta by default: each must put what it hands a collective on the run's device.
-    (checkpoint.sharded.save_shards is left out: torch.distributed.checkpoint itself makes tensors
-    without device=, in objects it pickles, which no group serves anyway.)"""
-    net = sharded
+@NEEDS_TORCH_2_7  # FSDP2 on the CPU  # feature: fsdp
+def test_every_collective_of_a_run_gets_its_tensor_on_the_run_s_device(grouped):
+    """What a run calls between ranks (evaluation with the report's collector, the loss log
+    and stop vote, BatchNorm statistics) with new tensors on meta by default: each must put
+    what it hands a collective on the run's device.
+    Under fsdp also its validation loader; checkpoint.sharded.save_shards is left out:  # feature: fsdp
+    torch.distributed.checkpoint itself makes tensors without device=, in objects it  # feature: fsdp
+    pickles, which no group serves anyway.  # feature: fsdp
+    """
+    net = grouped
     data = TensorDataset(torch.randn(5, 3, 8, 8), torch.arange(5) % 4)
     batches = Batches(DataLoader(data, batch_size=2))  # a DataLoader makes a seed per epoch
     batches.dataset = data
@@ -79,7 +91,8 @@ def test_every_collective_of_a_run_gets_its_tensor_on_the_run_s_device(sharded):
     losses = [torch.tensor(1.0), torch.tensor(2.0), torch.tensor(3.0)]
     collector = report.Collector("classification", 4, CPU)
     with torch.device("meta"):
-        loader = parallel.even_batches(batches, net, CPU)
+        loader = batches
+        loader = fsdp.even_batches(batches, net, CPU)  # feature: fsdp
         metrics = evaluate(net, loader, task, CPU, observe=collector)
         collector.finish()
         distributed.sync_buffers(net)

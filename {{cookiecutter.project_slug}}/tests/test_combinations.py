@@ -3,7 +3,8 @@ either refused up front or trained end to end.
 
 A refused case must end with exit 2, one `error:` line naming the conflicting keys, and no run
 folder. Any other case trains until a SIGTERM stops it (saved, exit 75), resumes to the end
-and then the commands its summary prints (consolidate, evaluate, predict, export) must work on
+and then the commands its summary prints (consolidate, evaluate, predict, export) must work on  # feature: fsdp
+and then the commands its summary prints (evaluate, predict, export) must work on  # feature: !fsdp
 its checkpoints, with evaluate's metrics equal to what the run recorded. A traceback, a hang or
 a setting silently dropped fails the case, and the failure prints the command to rerun it.
 
@@ -49,7 +50,8 @@ from {{ cookiecutter.package_name }} import checkpoint, trainer
 from {{ cookiecutter.package_name }}.config import flatten, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import close_loader
 from {{ cookiecutter.package_name }}.distributed import DistInfo
-from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_main
+from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main  # feature: fsdp
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.tools.train import train_main
@@ -182,7 +184,7 @@ def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]
         f"run.loggers=[{case['loggers'].replace('+', ',')}]",
         f"train.activation_checkpointing={str(case['act_ckpt']).lower()}",
         f"train.sync_bn={str(case['sync_bn']).lower()}",
-        f"train.cpu_offload={str(case['cpu_offload']).lower()}",
+        f"train.cpu_offload={str(case['cpu_offload']).lower()}",  # feature: fsdp
         f"run.deterministic={str(case['deterministic']).lower()}",
     ]
     if case["early_stop"]:  # no epoch improves by 100: stops after the second epoch
@@ -313,7 +315,7 @@ def assert_no_traceback(text: str, rerun: str) -> None:
 
 
 TOOLS = {
-    "scripts/consolidate.py": consolidate_main,
+    "scripts/consolidate.py": consolidate_main,  # feature: fsdp
     "scripts/evaluate.py": evaluate_main,
     "scripts/predict.py": predict_main,
     "scripts/export.py": export_main,
@@ -343,10 +345,12 @@ def recorded(out: Path, run: str) -> dict:
         return next(row for row in csv.DictReader(f) if row["run"] == run)
 
 
-def evaluated(checkpoint: Path, sharded: bool) -> dict:
-    if sharded:  # what the summary's consolidate command does for the best checkpoint
+def evaluated(checkpoint: Path, case: dict) -> dict:
+    # >>> fsdp
+    if case["strategy"] == "fsdp":  # what the summary's consolidate command does
         tool("scripts/consolidate.py", ["--checkpoint", str(checkpoint)])
         checkpoint = checkpoint.with_name(f"{checkpoint.stem}.full.pt")
+    # <<< fsdp
     text = tool("scripts/evaluate.py", ["--checkpoint", str(checkpoint), "--json"])
     return json.loads(text.strip().splitlines()[-1])
 
@@ -504,12 +508,13 @@ def test_combination(case, data, bases, tmp_path):
     row = recorded(out, name)
     best_key = next(key for key in row if key.startswith("best_val_"))
     metric = best_key.removeprefix("best_val_")
-    sharded = case["strategy"] == "fsdp"
-    best = evaluated(out / name / "best.pt", sharded)
+    best = evaluated(out / name / "best.pt", case)
     assert_close(best[metric], float(row[best_key]), f"{rerun}\nbest.pt's {metric}")
-    last = evaluated(out / name / "last.pt", sharded)
+    last = evaluated(out / name / "last.pt", case)
     if case["task"] in IMAGE_TASKS:  # the CNN's BatchNorms
-        model = (checkpoint.load(out / name / "last.full.pt") if sharded else saved)["model"]
+        sharded = case["strategy"] == "fsdp"  # its consolidated file holds the model  # feature: fsdp
+        model = (checkpoint.load(out / name / "last.full.pt") if sharded else saved)["model"]  # feature: fsdp
+        model = saved["model"]  # feature: !fsdp
         start = 0
         if case["start"] in ("init", "init-fresh"):  # init_from copies the counts too
             (start,) = batch_norm_counts(checkpoint.load(bases[case["task"]])["model"])

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json  # feature: !fsdp
 import re
 from pathlib import Path
 
 import pytest
+import torch  # feature: !fsdp
 import yaml
 from conftest import CONFIGS, ROOT, missing_data_file
 
+from {{ cookiecutter.package_name }} import checkpoint  # feature: !fsdp
 from {{ cookiecutter.package_name }}.config import Config, flatten, from_dict, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: fsdp
+from {{ cookiecutter.package_name }}.errors import LEFT_OUT, CheckpointError, ConfigError  # feature: !fsdp
 from {{ cookiecutter.package_name }}.models import MODELS, architecture, build_model
 from {{ cookiecutter.package_name }}.models.zoo import Zoo
 from {{ cookiecutter.package_name }}.tasks import TASKS, build_task
@@ -358,3 +362,28 @@ def test_bad_loggers_name_the_item_and_the_closest_choice(value, messages):
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"run.loggers={value}"])
     assert all(message in str(err.value) for message in messages), str(err.value)
+# >>> !fsdp
+
+
+def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_path):
+    """A config or checkpoint of a project generated with more of the template's options
+    (errors.LEFT_OUT): one line naming the option and the cruft command that brings it,
+    unless the setting is off (false), as in that project's config of a run that did not
+    use it."""
+    assert LEFT_OUT, "this project was generated without an option: LEFT_OUT names it"
+    for key, option in LEFT_OUT.items():
+        command = "cruft update --variables-to-update '" + json.dumps({option: "yes"}) + "'"
+        if "." in key:  # a config key (true; false is its value where unused), or key=value
+            if "=" not in key:
+                load_config(None, [f"{key}=false"])
+            with pytest.raises(ConfigError) as caught:
+                load_config(None, [key if "=" in key else f"{key}=true"])
+        else:  # an entry of a checkpoint file
+            path = tmp_path / "step-00000001.pt"
+            torch.save({key: "x", "progress": {}, "config": {}}, path)
+            with pytest.raises(CheckpointError) as caught:
+                checkpoint.load(path)
+        message = str(caught.value)
+        assert f"needs the template option {option}, which this project was" in message, key
+        assert message.endswith(command), message
+# <<< !fsdp

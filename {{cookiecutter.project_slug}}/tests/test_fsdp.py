@@ -24,14 +24,15 @@ from conftest import ROOT, TINY, run_script, stop_after, tiny_with
 from test_distributed import STANDALONE, child_env, torchrun, wait_for
 from torch import nn
 
-from {{ cookiecutter.package_name }} import checkpoint, distributed, models, parallel
+from {{ cookiecutter.package_name }} import checkpoint, distributed, fsdp, models
 from {{ cookiecutter.package_name }}.activation_checkpointing import checkpoint_blocks
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks.classification import Classification
 from {{ cookiecutter.package_name }}.tasks.classification import Options as ClassificationOptions
-from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_checkpoint
+from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
 from {{ cookiecutter.package_name }}.trainer import NonFiniteLoss, evaluate, fit
 
 slow = pytest.mark.slow
@@ -162,7 +163,7 @@ from types import SimpleNamespace
 import torch
 from torch.nn import functional as F
 
-from {{ cookiecutter.package_name }} import distributed, loop, parallel
+from {{ cookiecutter.package_name }} import distributed, fsdp, loop
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.optim import build_optimizer
@@ -176,7 +177,7 @@ def step(scale, inject):
     model_cfg = load_config(None, ["model.name=mlp", "model.width=8", "model.dropout=0"]).model
     torch.manual_seed(0)
     build = lambda: build_model(model_cfg, torch.zeros(2, 3, 8, 8), 4)
-    net = parallel.shard(build, build, TrainConfig(strategy="fsdp"), CPU)
+    net = fsdp.shard(build, build, TrainConfig(strategy="fsdp"), CPU)
     optimizer = build_optimizer(net, TrainConfig(), 1e-2, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
     unscale = scaler.unscale_
@@ -259,17 +260,17 @@ def max_difference(a: dict, b: dict) -> float:
 def test_fsdp_agrees_with_ddp_from_the_same_seed(fsdp_run, ddp_run):
     assert "effective batch 32" in fsdp_run["stdout"]
     assert fsdp_run["ranks"][0]["step"] == ddp_run["ranks"][0]["step"] == STEPS
-    fsdp = full_model(fsdp_run["runs"] / "default")
+    sharded = full_model(fsdp_run["runs"] / "default")
     ddp = checkpoint.load(ddp_run["runs"] / "default/last.pt")["model"]
-    assert max_difference(fsdp, ddp) < TOLERANCE
+    assert max_difference(sharded, ddp) < TOLERANCE
 
 
 @slow
 def test_each_rank_holds_about_half_the_parameter_and_optimizer_bytes_of_ddp(fsdp_run, ddp_run):
     assert fsdp_run["stdout"].count("memory per rank (fsdp over 2)") == 1
-    for fsdp, ddp in zip(fsdp_run["ranks"], ddp_run["ranks"], strict=True):
-        assert fsdp["optimizer"] == 2 * fsdp["params"] > 0  # AdamW: two moments per parameter
-        ratio = (fsdp["params"] + fsdp["optimizer"]) / (ddp["params"] + ddp["optimizer"])
+    for shards, ddp in zip(fsdp_run["ranks"], ddp_run["ranks"], strict=True):
+        assert shards["optimizer"] == 2 * shards["params"] > 0  # AdamW: two moments per parameter
+        ratio = (shards["params"] + shards["optimizer"]) / (ddp["params"] + ddp["optimizer"])
         assert 0.45 < ratio < 0.55, ratio
     # Together the shards are the model once: nothing is held twice.
     sharded = sum(rank["params"] for rank in fsdp_run["ranks"])
@@ -341,7 +342,7 @@ def test_under_fsdp_the_grad_scaler_skips_an_overflowed_step_on_every_rank(tmp_p
     assert ranks[0]["norms"] == ranks[1]["norms"]  # the global norm, on every rank
 
 
-# scripts/train.py that notes, per rank, the exception leaving parallel._on_rank_0 (rank 0's
+# scripts/train.py that notes, per rank, the exception leaving fsdp._on_rank_0 (rank 0's
 # build of the full model) and each read of the weights of argv[2]'s file (torch.load without
 # mmap: with it, the tensors are mapped, not read); with argv[3] == "bug" the weight load
 # fails with an error that is no bad input.
@@ -352,11 +353,11 @@ from pathlib import Path
 
 import torch
 
-from {{ cookiecutter.package_name }} import checkpoint, parallel
+from {{ cookiecutter.package_name }} import checkpoint, fsdp
 from {{ cookiecutter.package_name }}.tools.train import train_main
 
 out, watched, rank = Path(sys.argv[1]), sys.argv[2], os.environ["RANK"]
-load, on_rank_0 = torch.load, parallel._on_rank_0
+load, on_rank_0 = torch.load, fsdp._on_rank_0
 
 
 def noted_load(f, *args, **kwargs):
@@ -378,7 +379,7 @@ def bug(model, path):
     raise RuntimeError("a bug in loading the weights")
 
 
-torch.load, parallel._on_rank_0 = noted_load, noted_on_rank_0
+torch.load, fsdp._on_rank_0 = noted_load, noted_on_rank_0
 if sys.argv[3] == "bug":
     checkpoint.init_from = bug
 raise SystemExit(train_main(sys.argv[4:]))
@@ -631,7 +632,7 @@ def model(name: str, depth: int) -> nn.Module:
 
 def sharded(net: nn.Module, train: TrainConfig) -> nn.Module:
     """`net`'s model sharded on one process (a one-rank group), from `net`'s weights."""
-    return parallel.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
+    return fsdp.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
 
 
 def test_blocks_are_the_repeated_children_of_containers_outermost_first():
@@ -644,7 +645,7 @@ def test_blocks_are_the_repeated_children_of_containers_outermost_first():
 
 def test_a_model_can_name_its_blocks():
     net = model("mlp", 2)
-    net.fsdp_blocks = lambda: [net.head]
+    net.block_units = lambda: [net.head]
     assert models.blocks(net) == [net.head]
 
 
@@ -727,7 +728,7 @@ def test_mixed_precision_under_fsdp_computes_in_it_and_keeps_fp32_weights_and_gr
     try:  # one process: shard() joins a one-rank group
         net = sharded(net, load_config(None, ["train.strategy=fsdp", f"train.amp={amp}"]).train)
         net(torch.randn(4, 3, 8, 8)).float().sum().backward()
-        assert parallel.is_sharded(net) and seen == [dtype]
+        assert fsdp.is_sharded(net) and seen == [dtype]
         assert {p.dtype for p in net.parameters()} == {p.grad.dtype for p in net.parameters()}
         assert {p.dtype for p in net.parameters()} == {torch.float32}
     finally:
@@ -752,7 +753,7 @@ def test_a_rank_without_validation_samples_still_steps_through_empty_batches():
     (fewer samples than ranks) gets empty batches of the right shapes, not None."""
     data = torch.utils.data.TensorDataset(torch.randn(3, 5), torch.arange(3))
     loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=[])  # this rank: nothing
-    batches = list(parallel._EvenBatches(loader, 2))
+    batches = list(fsdp._EvenBatches(loader, 2))
     assert len(batches) == 2 and all(x.shape == (0, 5) and y.shape == (0,) for x, y in batches)
 
 

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import SimpleNamespace  # feature: fsdp
 
 import pytest
 import torch
@@ -225,7 +225,7 @@ def test_the_scan_finds_cuda_branches_and_not_docstrings():
     assert found["utils/device.py:configure_backends"] >= {"cuda"}
     assert "GradScaler" in found["trainer.py:build_trainee"]
     assert "SyncBatchNorm" in found["parallel.py:replica"]
-    assert "CPUOffloadPolicy" in found["parallel.py:shard"]
+    assert "CPUOffloadPolicy" in found["fsdp.py:shard"]  # feature: fsdp
     assert "utils/signals.py:<module>" not in found  # its docstring names no CUDA code
 
 
@@ -392,6 +392,7 @@ def test_the_combinations_check_runs_the_suite_on_the_gpu_ranks_sharing_it(tmp_p
     assert env == {"COMBINATIONS_DEVICE": "cuda", "DIST_BACKEND": "gloo"}
 
 
+# >>> fsdp
 def test_each_fsdp_run_reports_the_start_up_line_of_its_own_log(tmp_path):
     """fsdp1's and fsdp2's start-up peaks come from the first log of that run, not from
     whichever log of the check printed such a line first."""
@@ -405,6 +406,7 @@ def test_each_fsdp_run_reports_the_start_up_line_of_its_own_log(tmp_path):
     assert registry.ranks.start_up_memory(c, "fsdp1") == "rank 0 +9 MB"
     with pytest.raises(common.Failed, match="fsdp3 printed no start-up peak memory"):
         registry.ranks.start_up_memory(c, "fsdp3")
+# <<< fsdp
 
 
 @pytest.mark.slow
@@ -436,10 +438,11 @@ ON_CPU = {
     "measures": ["default_run", "numerics", "speed_lm", "speed_cnn"],
     "resumes": ["resume", "smoke", "distributed"],
     "signals": ["ddp", "preemption"],
-    "fsdp": ["fsdp", "fsdp_bf16"],
+    "fsdp": ["fsdp", "fsdp_bf16"],  # feature: fsdp
     "more": ["channels_last", "init_from"],
 }
-GPU_ONLY = ["tests", "syncbn", "cpu_offload", "compile", "compile_ddp", "compile_fsdp"]
+GPU_ONLY = ["tests", "syncbn", "compile", "compile_ddp"]
+GPU_ONLY += ["cpu_offload", "compile_fsdp"]  # feature: fsdp
 GPU_ONLY += ["sweep_gpus"]  # feature: sweeps
 # Skipped here without the [vision] and [hf] extras; what it runs, tests/test_zoo.py,
 # test_hf.py and the pairwise suite's pretrained cases run on the CPU with them.
@@ -496,6 +499,7 @@ def test_stopping_checks_on_cpu(monkeypatch, capsys, tmp_path):
     assert "SIGTERM -> exit 75" in rows["preemption"][1]
 
 
+# >>> fsdp
 @pytest.mark.slow
 def test_fsdp_checks_on_cpu(monkeypatch, capsys, tmp_path):
     rows, report = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *ON_CPU["fsdp"])
@@ -505,6 +509,7 @@ def test_fsdp_checks_on_cpu(monkeypatch, capsys, tmp_path):
     (target,) = [t for t in report["targets"] if t["check"] == "fsdp"]
     assert target["pass"] and 0 <= target["value"] <= registry.ranks.FSDP_TOLERANCE
     assert rows["fsdp_bf16"][1].startswith("epoch 2/2")
+# <<< fsdp
 
 
 @pytest.mark.slow
@@ -513,6 +518,7 @@ def test_more_checks_on_cpu_and_the_gpu_only_ones_skip(monkeypatch, capsys, tmp_
     rows, _ = real_checks_on_cpu(monkeypatch, capsys, tmp_path, *names)
     assert all(rows[n][0] == "pass" for n in ON_CPU["more"]), rows
     assert all(rows[n][0] == "skip" for n in GPU_ONLY), rows
-    assert "fsdp: epoch 2/2" in rows["channels_last"][1]
+    assert "fsdp: epoch 2/2" in rows["channels_last"][1]  # feature: fsdp
+    assert "ddp: epoch 2/2" in rows["channels_last"][1]
     assert rows["init_from"][1].startswith("one step from best.pt")
-    assert "needs CUDA GPUs" in rows["cpu_offload"][1]
+    assert "needs CUDA GPUs" in rows["cpu_offload"][1]  # feature: fsdp

@@ -19,7 +19,8 @@ from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import UserError
 from {{ cookiecutter.package_name }}.tools import outputs
 from {{ cookiecutter.package_name }}.tools.compare import compare_main
-from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_main
+from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main  # feature: fsdp
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
@@ -64,10 +65,11 @@ def test_every_file_a_run_leaves_is_a_run_file(tmp_path):
     run = out / "default"
     for name in ("metrics.csv.damaged.2", "step-00000004.pt.bad", ".lock"):
         assert outputs.run_file(run / name), name
-    assert outputs.run_file(run / "step-00000016.dcp" / "__0_0.distcp")
+    assert outputs.run_file(run / "step-00000016.dcp" / "__0_0.distcp")  # feature: fsdp
     assert outputs.run_file(run) == "a run or output folder"
     # What the tools write beside a run is not a run's file.
-    for name in ("predictions.csv", "best.torchscript.pt", "best_report", "best.full.pt"):
+    for name in ("predictions.csv", "best.torchscript.pt", "best_report", "best.full.pt"):  # feature: fsdp
+    for name in ("predictions.csv", "best.torchscript.pt", "best_report"):  # feature: !fsdp
         assert outputs.run_file(run / name) is None, name
     assert outputs.run_file(out / "compare.png") is None
 
@@ -89,15 +91,15 @@ def test_common_names_outside_a_run_area_are_not_run_files_and_lock_names_are(tm
 
 
 def test_a_checkpoint_name_outside_a_run_is_refused_only_for_a_training_checkpoint(tmp_path):
-    """deploy/best.pt: a new file of that name, or a consolidated one, is no run's (anyone may
-    name a file best.pt); a checkpoint that training saved is, wherever it was copied."""
+    """deploy/best.pt: a new file of that name, or one that holds weights only, is no run's
+    (anyone may name a file best.pt); a checkpoint that training saved is, wherever it was
+    copied."""
     deploy = tmp_path / "deploy"
     deploy.mkdir()
     for name in ("best.pt", "last.pt", "step-00000002.pt", "step-00000002.pt.bad"):
         assert outputs.run_file(deploy / name) is None, name
         assert outputs.check_out(deploy / name) == deploy / name
-    consolidated = {"model": {}, "progress": {}, "meta": {"consolidated_from": "best.pt"}}
-    torch.save(consolidated, deploy / "best.pt")
+    torch.save({"model": {}, "progress": {}, "meta": {}}, deploy / "best.pt")
     assert outputs.run_file(deploy / "best.pt") is None  # replaced as its own, or with --force
     torch.save({"model": {}, "optimizer": {}, "progress": {}}, deploy / "last.pt")
     with pytest.raises(UserError, match=re.escape("is a checkpoint of a run (last.pt)")):
@@ -203,9 +205,9 @@ def test_no_tool_writes_over_a_run_file(run, kept, capsys, name, fragment):
     args = ["--checkpoint", best, "--format", "torchscript", "--out", target, "--force"]
     refused(export_main(args), capsys, fragment)
     refused(compare_main([str(run), "--out", target, "--force"]), capsys, fragment)
-    refused(consolidate_main(["--checkpoint", best, "--out", target]), capsys, fragment)
+    refused(consolidate_main(["--checkpoint", best, "--out", target]), capsys, fragment)  # feature: fsdp
     refused(evaluate_main(["--checkpoint", best, "--report", str(run)]), capsys, "a run or")
-    assert consolidate_main(["--checkpoint", best, "--out", str(run / "last.pt")]) == 2
+    assert consolidate_main(["--checkpoint", best, "--out", str(run / "last.pt")]) == 2  # feature: fsdp
 
 
 @pytest.mark.slow

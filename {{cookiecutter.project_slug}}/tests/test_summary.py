@@ -116,6 +116,7 @@ def test_resuming_a_complete_run_prints_its_summary_again(tiny, capsys):
     assert best in out
 
 
+# >>> fsdp
 def test_an_fsdp_run_s_next_commands_consolidate_first(tmp_path):
     """Sharded checkpoints are read by the scripts once consolidated: the summary says so."""
     from {{ cookiecutter.package_name }}.summary import next_commands
@@ -127,3 +128,4 @@ def test_an_fsdp_run_s_next_commands_consolidate_first(tmp_path):
     assert list(commands)[0] == "consolidate" and "best.pt" in commands["consolidate"]
     for name in ("evaluate", "predict", "export"):
         assert str(tmp_path / "default" / "best.full.pt") in commands[name], commands[name]
+# <<< fsdp

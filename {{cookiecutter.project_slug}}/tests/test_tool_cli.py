@@ -10,17 +10,18 @@ import runpy
 import signal
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path  # feature: fsdp
 
 import pytest
-import torch
+import torch  # feature: fsdp
 from conftest import ROOT, TINY
 
-from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }} import checkpoint  # feature: fsdp
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.tools import cli, export
 from {{ cookiecutter.package_name }}.tools.compare import compare_main
-from {{ cookiecutter.package_name }}.tools.evaluate import consolidate_main, evaluate_main
+from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main  # feature: fsdp
+from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.tools.train import smoke_main, train_main
@@ -45,7 +46,7 @@ BAD_ARGUMENTS = {
     "predict": (predict_main, ["--checkpoint", "x.pt", "--batch-size", MB]),
     "export": (export_main, ["--checkpoint", "x.pt", "--format", MB]),
     "compare": (compare_main, ["runs", "--x", MB]),
-    "consolidate": (consolidate_main, [f"--checkpoint={MB}", "--bogus"]),
+    "consolidate": (consolidate_main, [f"--checkpoint={MB}", "--bogus"]),  # feature: fsdp
     "make_demo_data": (lambda argv: script_main("make_demo_data.py")(argv), [f"--nope={MB}"]),
     "benchmark_dataloader": (
         lambda argv: script_main("benchmark_dataloader.py")(argv),
@@ -116,6 +117,7 @@ def test_a_stop_while_the_output_is_put_in_place_waits_for_it(handlers):
     assert cli.guard(run, False, stoppable=True) == 0
 
 
+# >>> fsdp
 @pytest.mark.slow
 def test_a_stop_right_after_consolidate_puts_its_file_in_place_ends_it_as_written(
     handlers, tmp_path, monkeypatch, capsys
@@ -146,6 +148,7 @@ def test_a_stop_right_after_consolidate_puts_its_file_in_place_ends_it_as_writte
     stdout, stderr = capsys.readouterr()
     assert code == 0 and f"wrote {out}" in stdout and stderr == "", stderr
     assert checkpoint.load(out)["meta"]["consolidated_from"] == str(run / "step-00000001.pt")
+# <<< fsdp
 
 
 @pytest.mark.slow

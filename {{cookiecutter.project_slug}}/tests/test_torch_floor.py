@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, documentation
 
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: fsdp
 from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
@@ -37,11 +37,13 @@ def torch_2_6(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
 
 
+# >>> fsdp
 def test_fsdp_on_the_cpu_below_torch_2_7_is_refused_before_anything_is_written(tiny, torch_2_6):
     message = r"train.strategy=fsdp on the CPU needs torch >= 2.7 \(this is 2.6.0\+cu124\)"
     with pytest.raises(ConfigError, match=message):
         fit(load_config(None, [*tiny, "train.strategy=fsdp"]))
     assert not Path(load_config(None, tiny).run.output_dir).exists()
+# <<< fsdp
 
 
 def test_onnx_export_below_torch_2_7_is_refused_with_one_line(tmp_path, tiny, torch_2_6, capsys):

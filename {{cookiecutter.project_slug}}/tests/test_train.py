@@ -227,12 +227,12 @@ def test_train_script_runs_from_the_command_line(tiny):
     assert "| cpu x 1 | CPU threads 1 | amp off |" in proc.stdout  # the run line
 
 
-# What only some runs use, each costing start-up time when imported: sharded checkpoints (DCP),
-# FSDP and DTensor (with sympy: over a second together), plots, ONNX, the trackers, TensorBoard
-# and the project's own tools.
+# What only some runs use, each costing start-up time when imported: torch's distributed
+# checkpoints, sharding and DTensor (with sympy: over a second together), plots, ONNX, the
+# trackers, TensorBoard and the project's own tools.
 OPTIONAL = (
     "torch.distributed.checkpoint",
-    "torch.distributed.fsdp",
+    "torch.distributed.fsdp",  # feature: fsdp
     "torch.distributed.tensor",
     "torch.distributed._composable",
     "torch.utils.tensorboard",
@@ -248,6 +248,7 @@ OPTIONAL = (
         f"{trainer.__package__}.tools.{tool}"
         for tool in (
             "compare",
+            "consolidate",  # feature: fsdp
             "export",
             "formats",
             "inference",
@@ -267,7 +268,7 @@ OPTIONAL = (
 
 # In a fresh process: the modules loaded once a run is built (package imported, config loaded),
 # then once a hand-written loop took a step (torch's optimizer imports torch._dynamo, which
-# imports FSDP and DTensor: every torch loop pays that), then after a tiny plain run.
+# imports torch's sharding and DTensor: every torch loop pays that), then after a tiny plain run.
 _BUILD = """
 import json, sys
 from PKG import trainer

@@ -1,7 +1,8 @@
 """train.activation_checkpointing: each block of the model (models.blocks()) recomputes its
-activations in backward instead of keeping them, under ddp and fsdp alike (parallel.py calls
-checkpoint_blocks() on the model it shards or replicates), BatchNorm's running statistics
-counted once per batch as without it."""
+activations in backward instead of keeping them (parallel.py calls checkpoint_blocks() on the
+model it replicates; fsdp.py on the model it shards), BatchNorm's running statistics counted  # feature: fsdp
+model it replicates), BatchNorm's running statistics counted  # feature: !fsdp
+once per batch as without it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from .models import blocks
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
     """`model`, changed in place: each block's activations recomputed in backward instead of
     kept (train.activation_checkpointing). Each block's class becomes a subclass whose forward
-    runs under torch.utils.checkpoint (as fully_shard swaps in FSDP<Class>): parameter names,
+    runs under torch.utils.checkpoint (as fully_shard swaps in FSDP<Class>): parameter names,  # feature: fsdp
+    runs under torch.utils.checkpoint: parameter names,  # feature: !fsdp
     the state dict and copies stay as they were, and torch.compile traces it (the composable
     checkpoint's hooks gave a compiled forward and an eager recomputation that saved other
     tensors: a CheckpointError at the first step)."""

@@ -43,7 +43,7 @@ _serves: tuple[str, ...] = ()
 
 def setup(device_name: str, cpu_collectives: bool = False) -> tuple[DistInfo, torch.device]:
     """Join the process group when torchrun (or srun + torchrun) set RANK/WORLD_SIZE.
-    `cpu_collectives`: on GPUs, also serve CPU tensors (train.cpu_offload: see join())."""
+    `cpu_collectives`: on GPUs, also serve CPU tensors (see join())."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistInfo(), resolve_device(device_name)
     info = DistInfo(
@@ -64,9 +64,9 @@ def setup(device_name: str, cpu_collectives: bool = False) -> tuple[DistInfo, to
 
 def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
     """Make the process group for `device`: NCCL on CUDA (serving CUDA tensors only), gloo on
-    the CPU. `cpu_collectives` adds gloo for CPU tensors beside NCCL: under train.cpu_offload
-    the sharded gradients live on the CPU and gradient clipping all-reduces their norm there.
-    `alone`: store, rank and world_size of a group without torchrun (parallel.shard)."""
+    the CPU. `cpu_collectives` adds gloo for CPU tensors beside NCCL (gradients kept in CPU
+    memory on GPU ranks: their norm is all-reduced there). `alone`: store, rank and
+    world_size of a group without torchrun."""
     global _serves
     if device.type == "cuda" and gloo_on_cuda():
         torch.cuda.set_device(device)
@@ -83,7 +83,8 @@ def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
 
 
 # DIST_BACKEND=gloo: CUDA ranks talk over gloo instead of NCCL. NCCL refuses two ranks on one
-# GPU; gloo lets several share it (slowly, through host memory): DDP, SyncBatchNorm and fsdp
+# GPU; gloo lets several share it (slowly, through host memory): DDP, SyncBatchNorm and fsdp  # feature: fsdp
+# GPU; gloo lets several share it (slowly, through host memory): DDP and SyncBatchNorm  # feature: !fsdp
 # then run on two ranks of a one-GPU machine.
 BACKEND_VARIABLE = "DIST_BACKEND"
 
@@ -96,11 +97,6 @@ def gloo_on_cuda() -> bool:
             "(CUDA ranks over gloo, e.g. several ranks on one GPU) or nccl, or unset it"
         )
     return value == "gloo"
-
-
-def join_alone(device: torch.device, cpu_collectives: bool = False) -> None:
-    """A one-rank group for one process without torchrun (fsdp needs a group to shard)."""
-    join(device, cpu_collectives, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def teardown() -> None:

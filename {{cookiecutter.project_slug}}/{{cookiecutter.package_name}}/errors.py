@@ -2,6 +2,7 @@
 code of a stop, and the wording of messages said in more than one place. Imports no torch:
 the scripts read it before their heavy imports."""
 
+import json
 import re
 
 # EX_TEMPFAIL: stopped by a signal (SIGTERM, SIGUSR1, a first Ctrl-C in training) before the
@@ -21,14 +22,50 @@ class CheckpointError(UserError):
     """A checkpoint that is missing, corrupt, unsafe or does not fit the model."""
 
 
+class CorruptCheckpoint(CheckpointError):
+    """The bytes are not a checkpoint (truncated, overwritten, not a torch file), so the file
+    can be set aside. Other read failures (I/O, memory) say nothing about the file."""
+
+
+def unreadable(path, exc: BaseException) -> str:
+    """Why a checkpoint that may be whole could not be read (the system's fault, not the
+    file's): nothing is set aside."""
+    reason = f"{type(exc).__name__}: {first_line(exc, 160)}"
+    return (
+        f"checkpoint {str(path)!r} could not be read ({reason}); "
+        "nothing was renamed: fix the cause (disk, network filesystem, permissions, memory) "
+        "and run the same command again"
+    )
+
+
 def holds_code(path, what: str | None = None) -> str:
-    """Why a checkpoint file (or a shard index) holding pickled Python objects is refused:
+    """Why a checkpoint file (or a shard index) holding pickled Python objects is refused:  # feature: fsdp
+    """Why a checkpoint file holding pickled Python objects is refused:  # feature: !fsdp
     loading them could run code. `what`: the global it names, where known."""
     named = f" ({what})" if what else ""
     return (
         f"checkpoint {str(path)!r} holds pickled Python objects{named}, which weights_only "
         "loading refuses (they can run code); re-save it with tensors and plain containers "
         "only, if you trust its source"
+    )
+
+
+# What a project generated with more of the template's options accepts (a config key, a
+# key=value, a checkpoint's kind) and this one was generated without: {what: the option that
+# brings it}. A config or checkpoint of such a project is refused with that option, by name.
+LEFT_OUT: dict[str, str] = {}
+# >>> !fsdp
+LEFT_OUT |= {"train.strategy=fsdp": "fsdp", "train.cpu_offload": "fsdp", "shards": "fsdp"}
+# <<< !fsdp
+
+
+def left_out(key: str, subject: str = "") -> str:
+    """The line refusing `key` of LEFT_OUT (said as `subject`), naming the option to bring."""
+    option = LEFT_OUT[key]
+    return (
+        f"{subject or key} needs the template option {option}, which this project was "
+        f"generated without; bring it in with cruft (README.md, at the top): cruft update "
+        "--variables-to-update '" + json.dumps({option: "yes"}) + "'"
     )
 
 

@@ -53,7 +53,8 @@ class Data:
 class Trainee:
     """What is trained, and saved in every checkpoint."""
 
-    model: nn.Module  # the plain module (or its FSDP shards): what is saved and evaluated
+    model: nn.Module  # the plain module (or its FSDP shards): what is saved and evaluated  # feature: fsdp
+    model: nn.Module  # the plain module: what is saved and evaluated  # feature: !fsdp
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler

@@ -90,9 +90,11 @@ def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
     ckpt = run_dir / ("best.pt" if (run_dir / "best.pt").exists() else "last.pt")
     fmt = "onnx" if importlib.util.find_spec("onnxscript") else "export"
     commands = {}
+    # >>> fsdp
     if cfg.train.strategy == "fsdp":  # sharded: the scripts read the consolidated model
         commands["consolidate"] = ["scripts/consolidate.py", "--checkpoint", ckpt]
         ckpt = ckpt.with_name(f"{ckpt.stem}.full.pt")
+    # <<< fsdp
     commands |= {
         "evaluate": ["scripts/evaluate.py", "--checkpoint", ckpt],
         "predict": ["scripts/predict.py", "--checkpoint", ckpt, *_predict_input(cfg, meta)],

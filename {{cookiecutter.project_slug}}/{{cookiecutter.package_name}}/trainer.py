@@ -4,14 +4,14 @@ process, build the data and the model, resume, run the epochs (loop.py), summari
 One optimizer step is loop.train_step: the micro-batch loop, autocast and the scaled backward
 (loop.py, utils/device.py), the task's loss (tasks/), gradient sync and clipping
 (parallel.py). README.md's "What the training loop does" maps the whole run, file by file.
-
-The same code runs as one process (`python scripts/train.py`) and under torchrun, one process
-per GPU (or CPU slot) with DistributedDataParallel, or sharded with FSDP (parallel.py).
+It runs as one process (`python scripts/train.py`) or under torchrun, one process per GPU
+(or CPU slot) with DistributedDataParallel (parallel.py).  # feature: !fsdp
+(or CPU slot) with DistributedDataParallel (parallel.py), or sharded with FSDP (fsdp.py).  # feature: fsdp
 """
 
 from __future__ import annotations
 
-import functools
+import functools  # feature: fsdp
 import time
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from .config import Config, to_dict
 from .data import build_datasets, build_loader, close_loader, example_batch, source_of
 from .distributed import DistInfo
 from .errors import EXIT_STOPPED, ConfigError
+from .fsdp import even_batches, is_sharded, memory_report, shard  # feature: fsdp
 from .loop import Data, Loop, NonFiniteLoss, Trainee, run_epochs
 from .models import architecture, build_model, model_io, preprocessing
 from .optim import (
@@ -55,7 +56,8 @@ def fit(cfg: Config) -> dict:
     stop = StopSignal()
     stop.install()  # from the start: a signal during set-up stops the run after one step
     try:
-        dist, device = distributed.setup(cfg.run.device, cfg.train.cpu_offload)
+        dist, device = distributed.setup(cfg.run.device, cfg.train.cpu_offload)  # feature: fsdp
+        dist, device = distributed.setup(cfg.run.device)  # feature: !fsdp
         return train(cfg, dist, device, stop)
     finally:
         # Once train()'s frame is gone, so no DistributedDataParallel (whose gloo work holds
@@ -134,7 +136,8 @@ def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
 def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None) -> Data:
     """The datasets, this rank's loaders and the task; checks the batch fits the data. The
     inputs are read as the model continued reads them: `state`'s, else train.init_from's (its
-    data part: the weights are mapped, not read; under fsdp rank 0 alone loads them)."""
+    data part: the weights are mapped, not read; under fsdp rank 0 alone loads them)."""  # feature: fsdp
+    data part: the weights are mapped, not read)."""  # feature: !fsdp
     like = state or (cfg.train.init_from and checkpoint.load(cfg.train.init_from, mmap=True))
     train_set, val_set, meta, task = build_data(cfg, like=(like or {}).get("data"))
     # Each rank reads its own shard; pinned memory only helps host-to-GPU copies.
@@ -177,8 +180,8 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
 def build_net(
     cfg: Config, data: Data, device: torch.device, dist: DistInfo, resumed_from: str | None
 ) -> nn.Module:
-    """The model of cfg.model for this data and task, on `device` as train.strategy holds it
-    (parallel.py), with fine-tuning weights unless the run resumes from `resumed_from`."""
+    """The model of cfg.model for this data and task, on `device` as train.strategy holds it,
+    with fine-tuning weights unless the run resumes from `resumed_from`."""
     example, task = data.example, data.task
     shape = (example, task.num_outputs)
 
@@ -197,21 +200,23 @@ def build_net(
                 print(f"init_from {cfg.train.init_from}: new (not loaded): {skipped or 'none'}")
         return model
 
+    # >>> fsdp
     if cfg.train.strategy == "fsdp":  # rank 0 builds it in host memory; each rank its shards
         layout = functools.partial(
             build_model, architecture(cfg.model), example.to("meta"), task.num_outputs
         )
-        return parallel.shard(layout, full, cfg.train, device)
+        return shard(layout, full, cfg.train, device)
+    # <<< fsdp
     return parallel.replica(full(), cfg.train, device, dist.world_size)
 
 
 def build_trainee(
     cfg: Config, data: Data, dist: DistInfo, device: torch.device, resumed_from: str | None
 ) -> Trainee:
-    """The model on its device (sharded under fsdp; init_from's weights loaded before), AdamW,
-    the warm-up + cosine schedule (optim.py) and the fp16 loss scaler."""
+    """The model on its device (init_from's weights loaded before), AdamW, the warm-up +
+    cosine schedule (optim.py) and the fp16 loss scaler."""
     model = build_net(cfg, data, device, dist, resumed_from)
-    data.val_loader = parallel.even_batches(data.val_loader, model, device)  # fsdp: in lockstep
+    data.val_loader = even_batches(data.val_loader, model, device)  # feature: fsdp
     lr = scaled_lr(cfg.train, data.effective_batch)
     fused = device.type in ("cuda", "cpu")
     optimizer = build_optimizer(model, cfg.train, lr, fused, cfg.model.name)
@@ -264,8 +269,10 @@ def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resu
     )
     if resumed_at is None and (warning := warmup_warning(cfg.train, plan.total)):
         print(warning)
-    if parallel.is_sharded(trainee.model):
-        print(parallel.memory_report(trainee.model))
+    # >>> fsdp
+    if is_sharded(trainee.model):
+        print(memory_report(trainee.model))
+    # <<< fsdp
 
 
 def open_run_folder(

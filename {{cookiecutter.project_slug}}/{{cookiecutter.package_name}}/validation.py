@@ -9,14 +9,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import checkpoint, distributed, parallel
+from . import checkpoint, distributed
 from .data import build_loader, build_test_set, close_loader, empty_batch
+from .fsdp import even_batches, is_sharded  # feature: fsdp
 from .tasks import TASKS
 from .utils.device import autocast, to_device
 from .utils.metrics import flatten
 
 
-@torch.no_grad()  # not inference_mode: an fsdp model's first all-gather fails under it
+@torch.no_grad()  # not inference_mode: an fsdp model's first all-gather fails under it  # feature: fsdp
+@torch.no_grad()  # feature: !fsdp
 def evaluate(
     model: nn.Module, loader, task, device: torch.device, amp: str = "off", observe=None
 ) -> dict:
@@ -60,20 +62,22 @@ def held_out_test(cfg, data):
 def score_test(cfg, dist, device, data, trainee, test_set, complete: bool):
     """(metrics, which model) on the test split, once at the end of a complete run (every rank
     takes part), or None: best.pt's weights where the run has one, else the final model's
-    (fsdp: best.pt is sharded; evaluate.py --split test scores its consolidated file)."""
+    (fsdp: best.pt is sharded; evaluate.py --split test scores its consolidated file)."""  # feature: fsdp
+    takes part), or None: best.pt's weights where the run has one, else the final model."""  # feature: !fsdp
     if test_set is None or not complete:
         return None
     distributed.barrier()  # rank 0 has written best.pt
     best = Path(cfg.run.output_dir) / cfg.run.name / "best.pt"
     model, which = trainee.model, "final model"
-    if best.is_file() and not parallel.is_sharded(model):
+    if best.is_file() and not is_sharded(model):  # feature: fsdp
+    if best.is_file():  # feature: !fsdp
         model, which = copy.deepcopy(model), "best.pt"
         weights = checkpoint.model_weights(checkpoint.load(best), best)
         checkpoint.load_model_state(model, weights, str(best))
     args = dict(seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
     loader = build_loader(test_set, cfg.data, 2 * cfg.train.batch_size, train=False, **args)
     try:
-        even = parallel.even_batches(loader, model, device)  # fsdp: ranks in lockstep
-        return evaluate(model, even, data.task, device, cfg.train.amp), which
+        loader = even_batches(loader, model, device)  # feature: fsdp
+        return evaluate(model, loader, data.task, device, cfg.train.amp), which
     finally:
         close_loader(loader)

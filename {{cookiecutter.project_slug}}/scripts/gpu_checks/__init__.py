@@ -2,7 +2,8 @@
 
 common.py    what every check uses: the machine, a check's processes, its figures and targets
 paths.py     one-process paths through the project's own scripts (train, evaluate, predict...)
-ranks.py     several ranks: torchrun, DDP, SyncBatchNorm, fsdp (two ranks share one GPU)
+ranks.py     several ranks: torchrun, DDP, SyncBatchNorm, fsdp (two ranks share one GPU)  # feature: fsdp
+ranks.py     several ranks: torchrun, DDP, SyncBatchNorm (two ranks share one GPU)  # feature: !fsdp
 numerics.py  loss traces (CPU against CUDA, bf16 and fp16 against fp32), TF32, SyncBatchNorm
 speed.py     speed against its ceiling: a 100M-parameter language model, the trainer's loop
 registry.py  the checks in the order they run, and the CUDA paths of the package they cover

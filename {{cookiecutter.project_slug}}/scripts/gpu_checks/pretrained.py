@@ -1,6 +1,7 @@
 """The pretrained-model check: the two example configs (a timm ResNet-18 on the demo images, a
 small BERT on the demo tickets) fine-tuned on the GPU with bf16, channels_last and compile
-across the unfreeze, under fsdp on two ranks, then evaluated, predicted and exported from the
+across the unfreeze, under fsdp on two ranks, then evaluated, predicted and exported from the  # feature: fsdp
+across the unfreeze, under ddp on two ranks, then evaluated, predicted and exported from the  # feature: !fsdp
 CUDA checkpoint. Weights are made on the spot (random init in the library's own format): the
 check needs no network, only the [vision] and [hf] extras."""
 
@@ -18,7 +19,8 @@ LIBRARIES = ("timm", "transformers", "tokenizers")
 
 def check_pretrained(c: Check) -> str:
     """timm resnet18 (224 px, bf16, channels_last, compile, frozen first epoch) and an hf BERT
-    (bf16, frozen first epoch) fine-tuned, resumed-free; fsdp on 2 ranks for the timm model;
+    (bf16, frozen first epoch) fine-tuned, resumed-free; fsdp on 2 ranks for the timm model;  # feature: fsdp
+    (bf16, frozen first epoch) fine-tuned, resumed-free; ddp on 2 ranks for the timm model;  # feature: !fsdp
     evaluate, predict and ONNX/torch.export parity from the CUDA checkpoints."""
     missing = [m for m in LIBRARIES if importlib.util.find_spec(m) is None]
     if missing:
@@ -50,8 +52,9 @@ def check_pretrained(c: Check) -> str:
     text += [f"data.path={demo / 'tickets.csv'}", f"model.arch={c.workdir / 'bert'}", *common]
     lines.append(last_epoch_line(c.python("scripts/train.py", *text)))
     launch, env = c.launch(2)
-    fsdp = [*vision, "run.name=vision_fsdp", "train.strategy=fsdp"]
-    c.wait(c.start(*launch, *fsdp, env=env))
+    two = [*vision, "run.name=vision_fsdp", "train.strategy=fsdp"]  # feature: fsdp
+    two = [*vision, "run.name=vision_ddp"]  # feature: !fsdp
+    c.wait(c.start(*launch, *two, env=env))
     for run in ("finetune_image_folder", "hf_text_classifier"):
         best = str(runs / run / "best.pt")
         c.python("scripts/evaluate.py", "--checkpoint", best, f"run.device={device}")

@@ -1,11 +1,15 @@
 """Several ranks, through torchrun and the project's own train.py: NCCL on one rank; DDP
-(no_sync accumulation, buffer broadcast, SyncBatchNorm, fp16 with its GradScaler) and fsdp on
-two ranks, with CPU offload and with compile. On one GPU the two ranks share it over gloo
+(no_sync accumulation, buffer broadcast, SyncBatchNorm, fp16 with its GradScaler) and fsdp on  # feature: fsdp
+two ranks, with CPU offload and with compile.  # feature: fsdp
+(no_sync accumulation, buffer broadcast, SyncBatchNorm, fp16 with its GradScaler) on two  # feature: !fsdp
+ranks, and with compile.  # feature: !fsdp
+On one GPU the two ranks share it over gloo
 (DIST_BACKEND=gloo: NCCL refuses two ranks on one GPU); with 2+ GPUs they run on NCCL, a GPU
 each, as in production."""
 
 from __future__ import annotations
 
+# >>> fsdp
 import csv
 import shlex
 
@@ -14,14 +18,18 @@ import torch
 from {{ cookiecutter.package_name }}.checkpoint import consolidate
 
 from .common import TORCHRUN, Check, Failed, Skipped, distance, last_epoch_line, load_last
+# <<< fsdp
+from .common import TORCHRUN, Check, Failed, Skipped, last_epoch_line, load_last  # feature: !fsdp
 from .paths import COMPILE_ON_CPU, long_run, stop_and_resume
 
+# >>> fsdp
 # fsdp against ddp: the same seed, fp32 (no TF32), deterministic kernels, no dropout, so that
 # only the order of the gradient reductions differs (reduce-scatter and the sharded gradient
 # norm vs all-reduce). Measured on 2 CPU ranks, 64 steps: 1e-7 apart; with gradients summed
 # instead of averaged (the gloo bug of pytorch#162338), 2e-2.
 SAME_NUMBERS = ["run.deterministic=true", "train.tf32=false", "model.dropout=0"]
 FSDP_TOLERANCE = 1e-4  # relative distance (common.distance) of the final weights
+# <<< fsdp
 
 
 def over(c: Check, ranks: int) -> str:
@@ -74,6 +82,7 @@ def check_ddp(c: Check) -> str:
     )
 
 
+# >>> fsdp
 def check_fsdp(c: Check) -> str:
     """train.strategy=fsdp on one process (a one-rank group) and on two ranks: each stopped by
     SIGTERM after its first checkpoint, then resumed to the end; the two-rank run's final
@@ -128,7 +137,7 @@ def start_up_memory(c: Check, run: str) -> str:
                 if line.startswith("start-up peak memory per rank"):
                     return line.split(": ", 1)[1]
             break
-    raise Failed(f"{run} printed no start-up peak memory per rank (parallel.shard)")
+    raise Failed(f"{run} printed no start-up peak memory per rank (fsdp.shard)")
 
 
 def first_epoch_memory(c: Check, run: str) -> float | None:
@@ -150,6 +159,7 @@ def check_cpu_offload(c: Check) -> str:
         args = c.overrides(f"offload{ranks}", "train.strategy=fsdp", "train.cpu_offload=true")
         done.append(f"{over(c, ranks)}: {last_epoch_line(c.run(*launch, *args, env=env))}")
     return "; ".join(done)
+# <<< fsdp
 
 
 def check_compile_ddp(c: Check) -> str:
@@ -161,6 +171,7 @@ def check_compile_ddp(c: Check) -> str:
     return f"{over(c, 2)}: {last_epoch_line(c.run(*launch, *args, env=env))}"
 
 
+# >>> fsdp
 def check_compile_fsdp(c: Check) -> str:
     """train.compile=true with train.strategy=fsdp, one process and two ranks, 8 steps."""
     if c.machine.device != "cuda":
@@ -172,6 +183,7 @@ def check_compile_fsdp(c: Check) -> str:
         out = c.run(*launch, *c.overrides(f"compile_fsdp{ranks}", *options), env=env)
         done.append(f"{over(c, ranks)}: {last_epoch_line(out)}")
     return "; ".join(done)
+# <<< fsdp
 
 
 def check_syncbn(c: Check) -> str:

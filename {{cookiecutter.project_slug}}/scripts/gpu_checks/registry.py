@@ -48,7 +48,8 @@ CUDA_PATHS = {
         + ("trainer.py:build_loaders", "utils/device.py:to_device"),
     ),
     "memory": (
-        "CUDA peak memory per epoch and at fsdp's start-up",
+        "CUDA peak memory per epoch and at fsdp's start-up",  # feature: fsdp
+        "CUDA peak memory per epoch",  # feature: !fsdp
         ("utils/device.py:memory_mb", "utils/device.py:peak_memory"),
     ),
     "rng": (
@@ -66,10 +67,12 @@ CUDA_PATHS = {
     ),
     "ddp": ("DistributedDataParallel on GPUs (device_ids), no_sync", ("parallel.py:wrap",)),
     "sync_bn": ("SyncBatchNorm (GPUs only)", ("parallel.py:replica",)),
+    # >>> fsdp
     "fsdp": (
         "fsdp on GPUs: built on meta, shards from rank 0's host copy, mixed precision, offload",
-        ("parallel.py:shard", "parallel.py:check_device"),
+        ("fsdp.py:shard", "fsdp.py:check_device"),
     ),
+    # <<< fsdp
     "compile": ("torch.compile on a GPU (inductor, triton)", ("parallel.py:wrap",)),
     "inference": (
         "evaluate.py and predict.py --device cuda on a CUDA checkpoint",
@@ -89,7 +92,8 @@ CUDA_PATHS = {
 
 # What one GPU cannot prove: the check runs it when it finds several GPUs.
 SEVERAL_GPUS = [
-    "NCCL collectives between GPUs: DDP's all-reduce, fsdp's all-gather and reduce-scatter, "
+    "NCCL collectives between GPUs: DDP's all-reduce, fsdp's all-gather and reduce-scatter, "  # feature: fsdp
+    "NCCL collectives between GPUs: DDP's all-reduce, "  # feature: !fsdp
     "SyncBatchNorm's all-gather (on one GPU the ranks share it over gloo)",
     "rank r on GPU LOCAL_RANK under torchrun (on one GPU every rank is on cuda:0)",
     "sweep trials on different GPUs (sweep_plan's CUDA_VISIBLE_DEVICES)",  # feature: sweeps
@@ -107,20 +111,22 @@ CHECKS = (
     Spec("ddp", ranks.check_ddp, ("ddp", "sync_bn", "fp16", "gloo_on_cuda"), 120),
     Spec("syncbn", ranks.check_syncbn, ("sync_bn", "gloo_on_cuda"), 60),
     Spec("distributed", ranks.check_distributed, ("nccl", "device"), 60),
-    Spec("fsdp", ranks.check_fsdp, ("fsdp", "gloo_on_cuda", "memory"), 180),
-    Spec("cpu_offload", ranks.check_cpu_offload, ("fsdp", "nccl"), 90),
+    Spec("fsdp", ranks.check_fsdp, ("fsdp", "gloo_on_cuda", "memory"), 180),  # feature: fsdp
+    Spec("cpu_offload", ranks.check_cpu_offload, ("fsdp", "nccl"), 90),  # feature: fsdp
     Spec("resume", paths.check_resume, ("rng", "deterministic", "device"), 90),
     Spec("preemption", paths.check_preemption, ("pinned",), 90),
     Spec("tests", paths.check_tests, ("fp16", "bf16", "pinned", "compile"), 180),
     Spec("compile", paths.check_compile, ("compile", "inference"), 150),
     Spec("compile_ddp", ranks.check_compile_ddp, ("compile", "ddp"), 150),
-    Spec("compile_fsdp", ranks.check_compile_fsdp, ("compile", "fsdp"), 200),
-    Spec("fsdp_bf16", paths.check_fsdp_bf16, ("fsdp", "bf16"), 60),
-    Spec("channels_last", paths.check_channels_last, ("fsdp",), 60),
+    Spec("compile_fsdp", ranks.check_compile_fsdp, ("compile", "fsdp"), 200),  # feature: fsdp
+    Spec("fsdp_bf16", paths.check_fsdp_bf16, ("fsdp", "bf16"), 60),  # feature: fsdp
+    Spec("channels_last", paths.check_channels_last, ("fsdp",), 60),  # feature: fsdp
+    Spec("channels_last", paths.check_channels_last, ("ddp",), 60),  # feature: !fsdp
     Spec("init_from", paths.check_init_from, ("device",), 90),
     Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),  # feature: sweeps
     Spec("smoke", paths.check_smoke, ("bf16",), 60),
-    Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "fsdp"), 240),
+    Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "fsdp"), 240),  # feature: fsdp
+    Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "ddp"), 240),  # feature: !fsdp
     Spec("combinations", paths.check_combinations, ("fp16",), 3600, default=False),
 )
 

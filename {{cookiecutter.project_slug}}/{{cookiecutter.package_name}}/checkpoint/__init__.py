@@ -1,5 +1,6 @@
 """Checkpointing, in one place: the trainer and the loop call a CheckpointManager and nothing
-else; the tools (evaluate, predict, export, consolidate, ...) read checkpoints with load().
+else; the tools (evaluate, predict, export, consolidate, ...) read checkpoints with load().  # feature: fsdp
+else; the tools (evaluate, predict, export, ...) read checkpoints with load().  # feature: !fsdp
 
     ckpt = CheckpointManager(cfg, dist)   # the run folder <run.output_dir>/<run.name>/
     state, path = ckpt.find()             # what train.resume continues from, on every rank
@@ -13,8 +14,8 @@ else; the tools (evaluate, predict, export, consolidate, ...) read checkpoints w
 The modules inside: files.py (the .pt file: atomic writing, safe reading, what a training
 checkpoint must hold), state.py (Progress, the training state built and restored, weights),
 run_folder.py (step files, keep-last-k, last.pt/best.pt, choosing the newest loadable, the
-lock), resume.py (rank 0 chooses, settings a resume may not change, a finished run) and
-sharded.py (train.strategy=fsdp: the model and optimizer as DCP shards beside the file).
+lock) and resume.py (rank 0 chooses, settings a resume may not change, a finished run).
+sharded.py (train.strategy=fsdp): the model and optimizer as DCP shards beside the file.  # feature: fsdp
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..data import check_split
 from ..distributed import DistInfo
 from ..errors import CheckpointError
 from ..utils.seed import rng_state
-from . import sharded
+from . import sharded  # feature: fsdp
 from .files import (
     CorruptCheckpoint,
     atomic_save,
@@ -46,7 +47,7 @@ from .resume import (
     load_state,
 )
 from .run_folder import RunFolder
-from .sharded import consolidate
+from .sharded import consolidate  # feature: fsdp
 from .state import (
     Progress,
     init_from,
@@ -65,7 +66,7 @@ __all__ = [
     "atomic_save",
     "check_training_state",
     "complete_reason",
-    "consolidate",
+    "consolidate",  # feature: fsdp
     "fsync_dir",
     "init_from",
     "is_bare_weights",
@@ -78,7 +79,8 @@ __all__ = [
 
 class CheckpointManager:
     """One run's checkpoints: where they live, which one a resume continues from, restoring it
-    into the objects being trained, and saving them (sharded under fsdp) with keep-last-k.
+    into the objects being trained, and saving them (sharded under fsdp) with keep-last-k.  # feature: fsdp
+    into the objects being trained, and saving them with keep-last-k.  # feature: !fsdp
 
     `trainee` is anything with model, optimizer, scheduler and scaler (loop.Trainee); `data`
     anything with meta and effective_batch (loop.Data)."""
@@ -115,7 +117,8 @@ class CheckpointManager:
         return state, path
 
     def restore(self, state: dict, trainee, progress: Progress, data) -> list[str]:
-        """Continue the run of `state` exactly (a collective under fsdp): the same validation
+        """Continue the run of `state` exactly (a collective under fsdp): the same validation  # feature: fsdp
+        """Continue the run of `state` exactly: the same validation  # feature: !fsdp
         rows, every state restored. Returns the settings changed since, "key old -> new";
         refuses the ones a resume keeps (resume.FIXED)."""
         changed = changes(state, self.cfg)
@@ -125,12 +128,12 @@ class CheckpointManager:
             fix = "resume on the same data, or start a new run (run.name=<new name>)"
             check_split(data.meta["split"], state.get("data"), fix)
         t, dist = trainee, self.dist
-        # The backbone frozen or not as when saved: fsdp's loader expects optimizer state for
-        # exactly the parameters that train (a frozen one has none yet).
+        # The backbone frozen or not as when saved: the optimizer's state is for exactly the
+        # parameters that train (a frozen one has none yet).
         finetune.set_epoch(
             t.model, self.cfg.train, state["progress"]["epoch"], self.cfg.model.name
         )
-        sharded.restore(state, t.model, t.optimizer, self.cfg.train.strategy)
+        sharded.restore(state, t.model, t.optimizer, self.cfg.train.strategy)  # feature: fsdp
         restore_training_state(
             state,
             t.model,
@@ -180,7 +183,7 @@ class CheckpointManager:
         calls `record` (the epoch's metrics row) before the file gets its name."""
         rngs = distributed.all_gather_object(rng_state())
         t = trainee
-        shards = sharded.save_shards(t.model, t.optimizer, self.run_dir, progress.step)
+        shards = sharded.save_shards(t.model, t.optimizer, self.run_dir, progress.step)  # feature: fsdp
         if self.dist.is_main:
             state = training_state(
                 t.model,
@@ -191,7 +194,7 @@ class CheckpointManager:
                 to_dict(self.cfg),
                 rngs,
                 self.dist.world_size,
-                shards,
+                shards,  # feature: fsdp
             )
             self.folder.save({**state, **extra}, progress.step, is_best, record)
             if self._config_due:

@@ -5,8 +5,9 @@ A checkpoint holds the model, optimizer, scheduler and scaler states, the Progre
 step, position inside the epoch, best metric), every rank's RNG streams, the resolved config,
 the data's meta (class names, normalisation, the validation split), "io" (the model's input
 shape and dtype and output size, so prediction and export need no data) and metadata (torch
-version, git commit, world size); state.py builds and restores it. Under train.strategy=fsdp
-the model and optimizer are in a folder of shards beside the file (sharded.py).
+version, git commit, world size); state.py builds and restores it.
+Under train.strategy=fsdp the model and optimizer are in a folder of shards beside the file  # feature: fsdp
+(sharded.py).  # feature: fsdp
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, first_line
+from ..errors import CheckpointError, CorruptCheckpoint, first_line, unreadable  # feature: fsdp
+from ..errors import (  # feature: !fsdp
+    CheckpointError,  # feature: !fsdp
+    CorruptCheckpoint,  # feature: !fsdp
+    first_line,  # feature: !fsdp
+    left_out,  # feature: !fsdp
+    unreadable,  # feature: !fsdp
+)  # feature: !fsdp
 from ..utils.locks import fsync_dir, temporary
 
 TRAINING_KEYS = ("model", "optimizer", "scheduler", "scaler", "progress", "config")
-
-
-class CorruptCheckpoint(CheckpointError):
-    """The bytes are not a checkpoint (truncated, overwritten, not a torch file), so the file
-    can be set aside. Other read failures (I/O, memory) say nothing about the file."""
 
 
 def check_training_state(state: dict, path: str | Path) -> dict:
@@ -37,6 +40,7 @@ def check_training_state(state: dict, path: str | Path) -> dict:
             f"checkpoint {str(path)!r} holds model weights only, not a training state; "
             f"start a new run from them with train.init_from={path}"
         )
+    # >>> fsdp
     # A sharded checkpoint's model and optimizer are in the folder it names (sharded.py).
     sharded = ("model", "optimizer") if isinstance(state.get("shards"), str) else ()
     missing = [key for key in TRAINING_KEYS if key not in state and key not in sharded]
@@ -45,6 +49,11 @@ def check_training_state(state: dict, path: str | Path) -> dict:
         for key in ("model", "progress", "config")
         if key not in sharded and not isinstance(state.get(key), dict)
     ]
+    # <<< fsdp
+    # >>> !fsdp
+    missing = [key for key in TRAINING_KEYS if key not in state]
+    wrong = [k for k in ("model", "progress", "config") if not isinstance(state.get(k), dict)]
+    # <<< !fsdp
     if missing or wrong:
         what = f"no {', '.join(missing)}" if missing else f"its {wrong[0]!r} is not a mapping"
         raise CheckpointError(
@@ -60,11 +69,13 @@ def model_weights(state: dict, path: str | Path) -> dict:
         return state
     if isinstance(state.get("model"), dict):
         return state["model"]
+    # >>> fsdp
     if "shards" in state:
         raise CheckpointError(
             f"checkpoint {str(path)!r} is sharded (train.strategy=fsdp); write its full model "
             f"to one file with: python scripts/consolidate.py --checkpoint {path}"
         )
+    # <<< fsdp
     raise CheckpointError(
         f"checkpoint {str(path)!r} holds no model weights (no 'model' entry, and not a "
         "state_dict of tensors); pass a file saved by training or torch.save(model.state_dict())"
@@ -141,15 +152,16 @@ def load(path: str | Path, mmap: bool = False) -> dict:
         raise CorruptCheckpoint(
             f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict of state"
         )
+    # >>> fsdp
     if isinstance(state.get("shards"), str):  # sharded (sharded.py): the folder beside it
-        folder = path.parent / state["shards"]
-        if not (folder / ".metadata").is_file():
-            raise CorruptCheckpoint(
-                f"checkpoint {str(path)!r} names the shard folder {str(folder)!r}, which is "
-                "missing or incomplete"
-            )
-        check_shards(folder, path)
-        state["shards"] = str(folder)
+        from .shard_reader import check_folder  # imports DCP: a second of start-up
+
+        state["shards"] = str(check_folder(path, state["shards"]))
+    # <<< fsdp
+    # >>> !fsdp
+    if "shards" in state:
+        raise CheckpointError(left_out("shards", f"checkpoint {str(path)!r} is sharded and"))
+    # <<< !fsdp
     return state
 
 
@@ -169,42 +181,3 @@ def _not_a_checkpoint(path: Path, exc: BaseException) -> str:
         f"checkpoint {str(path)!r} is not a checkpoint (corrupt, truncated or not a torch "
         f"file: {reason})"
     )
-
-
-def unreadable(path: Path, exc: BaseException) -> str:
-    reason = f"{type(exc).__name__}: {first_line(exc, 160)}"
-    return (
-        f"checkpoint {str(path)!r} could not be read ({reason}); "
-        "nothing was renamed: fix the cause (disk, network filesystem, permissions, memory) "
-        "and run the same command again"
-    )
-
-
-def check_shards(folder: Path, path: Path) -> None:
-    """Raise CorruptCheckpoint unless every shard file that the folder's .metadata points into
-    is there and long enough. A truncated or missing shard is found here, by every rank before
-    the collective read, so train.resume=auto falls back to the previous checkpoint."""
-    from .shard_reader import read_index  # imports DCP: a second of start-up
-
-    try:
-        storage = read_index(folder).storage_data or {}
-    except CheckpointError:  # it holds code: refused, and not set aside as damaged
-        raise
-    except OSError as exc:  # the system's fault, not the file's: nothing is set aside
-        raise CheckpointError(unreadable(folder / ".metadata", exc)) from None
-    except Exception as exc:  # pickled: a damaged index fails in many ways
-        raise CorruptCheckpoint(
-            f"checkpoint {str(path)!r}: its shard index {str(folder / '.metadata')!r} is "
-            f"damaged ({first_line(exc, 160)})"
-        ) from None
-    ends: dict[str, int] = {}
-    for info in storage.values():
-        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
-    for name, end in sorted(ends.items()):
-        shard = folder / name
-        size = shard.stat().st_size if shard.is_file() else -1
-        if size < end:
-            what = "missing" if size < 0 else f"truncated ({size} of {end} bytes)"
-            raise CorruptCheckpoint(
-                f"checkpoint {str(path)!r}: its shard file {str(shard)!r} is {what}"
-            )

@@ -1,8 +1,10 @@
 """A run folder and its checkpoints: <run.output_dir>/<run.name>/ holds step-00001234.pt
 (the newest `keep_last`), last.pt and best.pt (hard links to step files, so they cost no
 space), config.yaml, metrics.csv, tb/ and .lock (held by the process that trains the run).
+# >>> fsdp
 Under train.strategy=fsdp each step file has a folder of shards beside it, step-00001234.dcp/
 (see sharded.py), kept while a checkpoint file names it.
+# <<< fsdp
 
 RunFolder saves with keep-last-k, chooses what train.resume continues from, and holds the
 lock; what a checkpoint holds and how it is read and written is files.py's.
@@ -35,7 +37,8 @@ class RunFolder:
 
     def step_files(self) -> list[Path]:
         """The step checkpoints, newest first: step-<8 digits>.pt only, not files the tools
-        write beside them (consolidate's step-N.full.pt, an export's step-N.torchscript.pt),
+        write beside them (an export's step-N.torchscript.pt, consolidate's step-N.full.pt),  # feature: fsdp
+        write beside them (an export's step-N.torchscript.pt),  # feature: !fsdp
         which pruning would delete and a resume would try."""
         found = self.run_dir.glob("step-*.pt")
         return sorted((p for p in found if STEP_FILE.fullmatch(p.name)), reverse=True)
@@ -64,9 +67,10 @@ class RunFolder:
             _atomic_link(path, self.run_dir / BEST)
         for old in self.step_files()[self.keep_last :]:
             old.unlink(missing_ok=True)  # best.pt is its own link: pruning keeps its data
-        self._prune_shards()
+        self._prune_shards()  # feature: fsdp
         return path
 
+    # >>> fsdp
     def _prune_shards(self) -> None:
         """Remove the shard folders (train.strategy=fsdp) that no checkpoint file names."""
         folders = list(self.run_dir.glob("step-*.dcp"))
@@ -82,6 +86,7 @@ class RunFolder:
         for folder in folders:
             if folder.name not in named:
                 shutil.rmtree(folder, ignore_errors=True)
+    # <<< fsdp
 
     def find(self, resume: str, run_name: str, say=print) -> tuple[dict, Path] | None:
         """What train.resume asks to continue from: "" nothing (a fresh run, refused where the
@@ -150,9 +155,11 @@ class RunFolder:
                 warn(f"warning: skipping {exc}")
                 if quarantine and path.name.startswith("step-"):
                     path.rename(path.with_name(path.name + SET_ASIDE))
+                    # >>> fsdp
                     shards = path.with_suffix(".dcp")  # fsdp: its shards go aside with it
                     if shards.is_dir():
                         shards.rename(shards.with_name(shards.name + SET_ASIDE))
+                    # <<< fsdp
         return None
 
     def lock(self) -> None:
@@ -206,8 +213,10 @@ class RunFolder:
             self._lock_fd = self._lock_id = None
 
     def remove_stale_temporaries(self) -> None:
-        """What a process killed mid-write left in the run folder (a checkpoint, a shard
-        folder, a record; never read: the rename never ran), by the one rule every writer's
+        """What a process killed mid-write left in the run folder (a checkpoint, a shard  # feature: fsdp
+        folder, a record; never read: the rename never ran), by the one rule every writer's  # feature: fsdp
+        """What a process killed mid-write left in the run folder (a checkpoint, a  # feature: !fsdp
+        record; never read: the rename never ran), by the one rule every writer's  # feature: !fsdp
         temporaries follow (locks.remove_stale): only those whose process is gone, so a tool
         writing into the run folder now (an export, a report) keeps its own."""
         locks.remove_stale(self.run_dir)

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from ..errors import CheckpointError, holds_code
+from ..errors import CheckpointError, CorruptCheckpoint, first_line, holds_code, unreadable
 
 _DCP = "torch.distributed.checkpoint"
 # What DCP's index is made of (torch 2.6 to 2.13 write the same: read from their
@@ -143,3 +143,45 @@ def load(state: dict, folder: Path | str) -> None:
         if reader.refused is not None:
             raise reader.refused from None
         raise
+
+
+def check_folder(path: Path, name: str) -> Path:
+    """The shard folder `name` that the checkpoint file `path` names, beside it; a
+    CorruptCheckpoint if it is missing or incomplete, or a shard file is short (every rank
+    checks before the collective read, so train.resume=auto falls back to the previous one)."""
+    folder = path.parent / name
+    if not (folder / ".metadata").is_file():
+        raise CorruptCheckpoint(
+            f"checkpoint {str(path)!r} names the shard folder {str(folder)!r}, which is "
+            "missing or incomplete"
+        )
+    _check_shards(folder, path)
+    return folder
+
+
+def _check_shards(folder: Path, path: Path) -> None:
+    """Raise CorruptCheckpoint unless every shard file that the folder's .metadata points into
+    is there and long enough. A truncated or missing shard is found here, by every rank before
+    the collective read, so train.resume=auto falls back to the previous checkpoint."""
+    try:
+        storage = read_index(folder).storage_data or {}
+    except CheckpointError:  # it holds code: refused, and not set aside as damaged
+        raise
+    except OSError as exc:  # the system's fault, not the file's: nothing is set aside
+        raise CheckpointError(unreadable(folder / ".metadata", exc)) from None
+    except Exception as exc:  # pickled: a damaged index fails in many ways
+        raise CorruptCheckpoint(
+            f"checkpoint {str(path)!r}: its shard index {str(folder / '.metadata')!r} is "
+            f"damaged ({first_line(exc, 160)})"
+        ) from None
+    ends: dict[str, int] = {}
+    for info in storage.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        shard = folder / name
+        size = shard.stat().st_size if shard.is_file() else -1
+        if size < end:
+            what = "missing" if size < 0 else f"truncated ({size} of {end} bytes)"
+            raise CorruptCheckpoint(
+                f"checkpoint {str(path)!r}: its shard file {str(shard)!r} is {what}"
+            )

@@ -23,7 +23,7 @@ from torch import nn
 
 from .. import distributed
 from ..errors import CheckpointError, first_line
-from ..parallel import is_sharded
+from ..fsdp import is_sharded
 from ..utils.locks import temporary
 from . import files
 

@@ -72,17 +72,21 @@ def training_state(
     config: dict,
     rngs: list,
     world_size: int,
-    shards: str | None = None,
+    shards: str | None = None,  # feature: fsdp
 ) -> dict:
-    """Everything needed to continue as if never stopped (tensors and plain containers only).
-    With `shards` (train.strategy=fsdp) the model and optimizer are in that folder instead."""
-    if shards:
-        weights = {"shards": shards}  # the folder's name: the run folder can move
+    """Everything needed to continue as if never stopped (tensors and plain containers only).  # feature: fsdp
+    With `shards` (train.strategy=fsdp) the model and optimizer are in that folder instead."""  # feature: fsdp
+    """Everything needed to continue as if never stopped (tensors and plain containers only)."""  # feature: !fsdp
+    # The plain module's state_dict: no module./_orig_mod. prefixes.
+    # >>> fsdp
+    if shards:  # the folder's name, not its contents (the run folder can move)
+        weights = {"shards": shards}
     else:
-        weights = {
-            "model": model.state_dict(),  # the plain module: no module./_orig_mod. prefixes
-            "optimizer": optimizer.state_dict(),
-        }
+        weights = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    # <<< fsdp
+    # >>> !fsdp
+    weights = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    # <<< !fsdp
     return {
         **weights,
         "scheduler": scheduler.state_dict(),
@@ -111,7 +115,8 @@ def restore_training_state(
 ) -> None:
     """Load a training state (read on the CPU) into objects on the training device:
     load_state_dict copies each tensor to where its parameter lives."""
-    if "shards" not in state:  # a sharded state's model and optimizer: sharded.restore
+    if "model" in state:  # a sharded state has none: sharded.restore loaded its shards  # feature: fsdp
+    if "model" in state:  # feature: !fsdp
         load_model_state(model, state["model"], "resume")
         optimizer.load_state_dict(state["optimizer"])
     match_layouts(optimizer)

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import LEFT_OUT, ConfigError
 from ..utils.locks import replace_text
 from .schema import (
     COMPONENTS,
@@ -145,7 +145,9 @@ def _build(cls, data: Any, prefix: str):
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
-        if key not in known:
+        # A key of a project generated with more options (errors.LEFT_OUT) set to false is
+        # not used there: a config or checkpoint of such a project loads here.
+        if key not in known and not (f"{prefix}{key}" in LEFT_OUT and data[key] is False):
             raise ConfigError(unknown_key(cls, prefix, str(key), data[key], _all_keys))
     values = {}
     for name in known & data.keys():

@@ -81,9 +81,10 @@ class TrainConfig:
     channels_last: bool = False  # NHWC memory format for conv nets (faster on tensor cores)
     tf32: bool = True  # TF32 matmuls/convolutions on Ampere+ GPUs
     sync_bn: bool = False  # SyncBatchNorm across ranks (distributed runs only)
-    strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full copy per rank | fsdp: sharded (FSDP2)
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # ddp: a full copy per rank | fsdp: sharded (FSDP2)  # feature: fsdp
+    strategy: Literal["ddp"] = "ddp"  # how ranks share the model: a full copy each (parallel.py)  # feature: !fsdp
     activation_checkpointing: bool = False  # recompute each block's activations in backward
-    cpu_offload: bool = False  # fsdp on CUDA: sharded params, grads, optimizer state in CPU RAM
+    cpu_offload: bool = False  # fsdp on CUDA: sharded params, grads, optimizer state in CPU RAM  # feature: fsdp
     max_steps: int = 0  # end the run (validated) and the lr schedule here; 0 = all epochs
     resume: str = ""  # "" fresh run | auto: newest loadable checkpoint of this run | a path
     init_from: str = ""  # a checkpoint whose model weights start a new run (fine-tuning)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import LEFT_OUT, ConfigError, left_out
 
 
 def read_file(
@@ -177,6 +177,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
             value = next((c for c in _BOOL_WORDS[value] if c in choices), value)
         if value in choices:
             return value
+        if f"{key}={value}" in LEFT_OUT:  # a value of a project generated with more options
+            raise ConfigError(left_out(f"{key}={value}"))
         guess = closest(value, choices) if isinstance(value, str) else None
         tip = f" (did you mean '{guess}'?)" if guess else ""
         raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}{tip}")
@@ -253,6 +255,8 @@ def unknown_key(cls, prefix: str, key: str, value: Any, every_key) -> str:
     key are matched apart: `trian.epochs` gets section train, then the key epochs within it."""
     if f"{prefix}{key}" in RENAMED:  # a config or checkpoint of an earlier version
         return f"config key '{prefix}{key}' is now {RENAMED[prefix + key]}"
+    if f"{prefix}{key}" in LEFT_OUT:  # a key of a project generated with more options
+        return left_out(f"{prefix}{key}", f"config key '{prefix}{key}'")
     hints = typing.get_type_hints(cls)
     name, guess = f"{prefix}{key}", closest(key, hints)
     if isinstance(value, dict) and value:  # a misspelt section: name its first key too

@@ -6,7 +6,8 @@ import math
 
 from ..errors import ConfigError
 from ..utils.metrics import direction
-from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, TrainConfig, components
+from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, TrainConfig, components  # feature: fsdp
+from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, components  # feature: !fsdp
 from .text import did_you_mean
 
 
@@ -62,9 +63,11 @@ def validate(cfg: Config) -> None:
             f"data.sampler=balanced draws by class, and task.name={cfg.task.name} has "
             f"{targets} targets, not classes; use data.sampler=shuffle"
         )
+    # >>> fsdp
     conflict = _strategy_conflict(cfg.train)
     if conflict:
         raise ConfigError(conflict)
+    # <<< fsdp
     device = cfg.run.device
     if not (device in ("auto", "cpu", "cuda", "mps") or _is_cuda_index(device)):
         raise ConfigError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
@@ -115,6 +118,7 @@ def _check_best(cfg: Config) -> None:
         )
 
 
+# >>> fsdp
 def _strategy_conflict(train: TrainConfig) -> str | None:
     """Settings that train.strategy cannot honour, as one line; None when they fit."""
     if train.strategy == "ddp":
@@ -127,6 +131,7 @@ def _strategy_conflict(train: TrainConfig) -> str | None:
             "false (BatchNorm statistics are synchronised before validation), or ddp"
         )
     return None
+# <<< fsdp
 
 
 def _fold_in_range(data: DataConfig) -> bool:

@@ -245,7 +245,7 @@ def close_loader(loader: DataLoader) -> None:
     """End `loader`'s worker processes now. Persistent workers live as long as the loader, and
     an error raised in a worker holds the loader in a reference cycle until exit, where
     multiprocessing's SIGTERM cannot end them (_init_worker ignores it): the exit would hang."""
-    if not isinstance(loader, DataLoader):  # a wrapper, e.g. parallel.even_batches's
+    if not isinstance(loader, DataLoader):  # a wrapper that holds it as .loader
         loader = getattr(loader, "loader", loader)
     iterator = getattr(loader, "_iterator", None)
     if hasattr(iterator, "_shutdown_workers"):

@@ -1,5 +1,6 @@
 """Model registry. To add a model: write models/<name>.py, then add one line to MODELS. Also
-a model's blocks, the unit of fsdp's sharding and of activation checkpointing (blocks(); the
+a model's blocks, the unit of fsdp's sharding and of activation checkpointing (blocks(); the  # feature: fsdp
+a model's blocks, the unit of activation checkpointing (blocks(); the  # feature: !fsdp
 checkpointing itself is activation_checkpointing.py's).
 
 A model class takes `(input_shape, num_outputs, opts)`: the shape of one input sample (e.g.
@@ -69,8 +70,10 @@ def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
     shape = tuple(example.shape[1:])
     try:
         model = MODELS[cfg.name](shape, num_outputs, cfg.options)
+        # >>> fsdp
         if example.is_meta:  # fsdp's layout: the model built on the CPU was tried already
             return model
+        # <<< fsdp
         output = _try_forward(model, example)
     except (RuntimeError, MemoryError, ValueError, IndexError, AssertionError) as exc:
         if is_out_of_memory(exc) or "overflow" in str(exc).lower():
@@ -94,13 +97,14 @@ def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks, the unit of sharding and of activation checkpointing.
+    """The model's repeated blocks, the unit of sharding and of activation checkpointing.  # feature: fsdp
+    """The model's repeated blocks, the unit of activation checkpointing.  # feature: !fsdp
 
-    A model may name them with a method `fsdp_blocks()`. Otherwise they are the children of an
+    A model may name them with a method `block_units()`. Otherwise they are the children of an
     nn.Sequential or nn.ModuleList that repeat one class and hold parameters (SmallCNN's
     ConvBlocks, the MLP's Linear layers), outermost first: a block's insides are not searched.
     """
-    declared = getattr(model, "fsdp_blocks", None)
+    declared = getattr(model, "block_units", None)
     if callable(declared):
         return list(declared())
     found: list[nn.Module] = []

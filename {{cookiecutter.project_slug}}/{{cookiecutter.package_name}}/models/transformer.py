@@ -91,7 +91,7 @@ class Transformer(nn.Module):
         self.tokens = nn.Embedding(num_outputs, opts.width)
         self.positions = nn.Embedding(opts.max_len, opts.width)
         self.drop = nn.Dropout(opts.dropout)
-        # A ModuleList of identical blocks: FSDP can wrap (shard) each block on its own.
+        # A ModuleList of identical blocks: the units of models.blocks().
         self.blocks = nn.ModuleList(
             Block(opts.width, opts.heads, opts.dropout) for _ in range(opts.depth)
         )
@@ -105,9 +105,9 @@ class Transformer(nn.Module):
             for layer in (block.proj, block.mlp[-1]):
                 nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * opts.depth))
 
-    def fsdp_blocks(self) -> list[Block]:
-        # The units to shard one by one: the blocks, also when depth=1 (with one block, the
-        # search for repeated modules would pick the two Linear layers inside its MLP).
+    def block_units(self) -> list[Block]:
+        # models.blocks(): one unit per block, also when depth=1 (with one block, the search
+        # for repeated modules would pick the two Linear layers inside its MLP).
         return list(self.blocks)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -1,16 +1,20 @@
 """Where a tool may write: the one rule for every tool's output (predict.py --out, export.py
---out, compare_runs.py --out, consolidate.py --out, evaluate.py --report), and the clean-up
+--out, compare_runs.py --out, consolidate.py --out, evaluate.py --report), and the clean-up  # feature: fsdp
+--out, compare_runs.py --out, evaluate.py --report), and the clean-up  # feature: !fsdp
 of what a tool killed mid-write left beside its target.
 
 - Never over a run: a checkpoint (step-N.pt, last.pt, best.pt, *.pt.bad inside a run
-  folder, an existing training checkpoint anywhere, what a step-N.dcp/ folder holds) or a
+  folder, an existing training checkpoint anywhere, what a step-N.dcp/ folder holds) or a  # feature: fsdp
+  folder, an existing training checkpoint anywhere) or a  # feature: !fsdp
   record of a run or output folder (config.yaml, metrics.csv, runs.csv, curves.png,
   *.damaged, the locks, tb/, a tool's own records ...: utils/run_files.py lists them).
   --force does not change that.
 - Never over one of the command's own inputs, by any name (a symlink, a hard link).
 - An existing file is replaced only where it is the tool's own earlier output of the same
-  kind (`own`: a prediction CSV, an export with its JSON, a compare plot, a consolidated
-  checkpoint, an evaluation report), or with --force.
+  kind (`own`: a prediction CSV, an export with its JSON, a compare plot, a consolidated  # feature: fsdp
+  checkpoint, an evaluation report), or with --force.  # feature: fsdp
+  kind (`own`: a prediction CSV, an export with its JSON, a compare plot, an evaluation
+  report), or with --force.  # feature: !fsdp
 
 Each refusal is one UserError naming the path and the fix, raised before anything is written.
 A tool writes through a hidden temporary beside its target, `.<name>.tmp<pid>` (a file, or a
@@ -33,7 +37,7 @@ CHECKPOINT = re.compile(
     rf"({names.STEP_FILE.pattern})({re.escape(names.SET_ASIDE)})?"
     rf"|{re.escape(names.LAST)}|{re.escape(names.BEST)}"
 )
-SHARDS = re.compile(rf"({names.SHARD_FOLDER.pattern})({re.escape(names.SET_ASIDE)})?")
+SHARDS = re.compile(rf"({names.SHARD_FOLDER.pattern})({re.escape(names.SET_ASIDE)})?")  # feature: fsdp
 # Records no other file is named like: refused wherever they are.
 RECORD = re.compile("|".join(names.PROTECTED))
 # Folders all of whose content is a run's (or its tool's).
@@ -58,7 +62,8 @@ def is_run_area(folder: Path) -> bool:
 
 def training_checkpoint(path: Path) -> bool:
     """Whether the existing file `path` is a checkpoint that training saved (it holds the
-    optimizer's state, or names its shards): memory-mapped, so a large one is not read."""
+    optimizer's state, or names its shards): memory-mapped, so a large one is not read."""  # feature: fsdp
+    optimizer's state): memory-mapped, so a large one is not read."""  # feature: !fsdp
     if not path.is_file():
         return False
     import torch  # only here: most tools' outputs are checked without it
@@ -67,7 +72,8 @@ def training_checkpoint(path: Path) -> bool:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # not a torch file, truncated, pickled objects: no training checkpoint
         return False
-    return isinstance(state, dict) and ("optimizer" in state or "shards" in state)
+    return isinstance(state, dict) and ("optimizer" in state or "shards" in state)  # feature: fsdp
+    return isinstance(state, dict) and "optimizer" in state  # feature: !fsdp
 
 
 def run_file(path: Path) -> str | None:
@@ -78,8 +84,10 @@ def run_file(path: Path) -> str | None:
     # existing training checkpoint is.
     if CHECKPOINT.fullmatch(name) and (is_run_area(folder) or training_checkpoint(path)):
         return f"a checkpoint of a run ({name})"
+    # >>> fsdp
     if SHARDS.fullmatch(name) or any(SHARDS.fullmatch(p.name) for p in path.parents):
         return "a checkpoint's shard folder or inside one"
+    # <<< fsdp
     if RECORD.fullmatch(name):
         return f"a record of a run ({name})"
     if FOLDER_RECORD.fullmatch(name) and is_run_area(folder):

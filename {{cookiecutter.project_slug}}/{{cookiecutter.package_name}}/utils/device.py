@@ -70,16 +70,6 @@ def check_amp(amp: str, device: torch.device) -> None:
         )
 
 
-def check_torch(strategy: str, device: torch.device) -> None:
-    """Refuse what this torch cannot run, before anything is written: FSDP2 on the CPU calls
-    stream methods that torch.cpu.Stream has from 2.7 on (the floor is 2.6)."""
-    if strategy == "fsdp" and device.type == "cpu" and torch_older_than(2, 7):
-        raise ConfigError(
-            f"train.strategy=fsdp on the CPU needs torch >= 2.7 (this is {torch.__version__}); "
-            "upgrade torch, train on CUDA GPUs, or use train.strategy=ddp"
-        )
-
-
 def torch_older_than(major: int, minor: int) -> bool:
     """Whether the torch running is older than major.minor (what needs a newer one than the
     floor, 2.6, is refused below its version)."""

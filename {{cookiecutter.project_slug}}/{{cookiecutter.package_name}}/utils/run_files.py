@@ -2,8 +2,9 @@
 the code that writes each file and tools/outputs.py (which refuses to write over any of them)
 take them from here. Imports no torch: the tools read it at start-up.
 
-A run folder, <run.output_dir>/<run.name>/: the step checkpoints, last.pt and best.pt, under
-train.strategy=fsdp a shard folder beside each step file, config.yaml, metrics.csv,
+A run folder, <run.output_dir>/<run.name>/: the step checkpoints, last.pt and best.pt,
+under train.strategy=fsdp a shard folder beside each step file,  # feature: fsdp
+config.yaml, metrics.csv,
 curves.png, the trackers' folders and .lock. Its output folder (<run.output_dir>/) holds
 runs.csv and its lock. A tool that keeps a folder of its own adds its records to the lists
 at the end (PROTECTED and the others), so that no other tool writes over them.
@@ -14,9 +15,10 @@ from __future__ import annotations
 import re
 
 # Step checkpoints as RunFolder.save names them (step_file); other files named step-* (an
-# export's step-N.torchscript.pt, consolidate's step-N.full.pt) are not step checkpoints.
+# export's step-N.torchscript.pt, consolidate's step-N.full.pt) are not step checkpoints.  # feature: fsdp
+# export's step-N.torchscript.pt) are not step checkpoints.  # feature: !fsdp
 STEP_FILE = re.compile(r"step-\d{8,}\.pt")
-SHARD_FOLDER = re.compile(r"step-\d{8,}\.dcp")  # train.strategy=fsdp: a step file's shards
+SHARD_FOLDER = re.compile(r"step-\d{8,}\.dcp")  # train.strategy=fsdp: a step file's shards  # feature: fsdp
 SET_ASIDE = ".bad"  # a checkpoint that failed to load, renamed aside by a resume
 LAST, BEST = "last.pt", "best.pt"
 RUN_LOCK = ".lock"  # held by the process that trains the run

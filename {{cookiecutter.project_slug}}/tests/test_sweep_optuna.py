@@ -32,14 +32,16 @@ from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli, sweep_manife
 INSTALL = "pip install -e '.[sweep]'"
 # A good learning rate and one that learns nothing: the second falls below the median. With
 # --seed 6 the first start samples 0.05 twice, the second start 1e-9 first (TPE samples at
-# random, seeded, before its 10th trial): a useless trial after two finished ones.
+# random, seeded, before its 10th trial): a useless trial after two finished ones. Its
+# first epoch's value must reach the pruner (polled every 0.2 s) before the trial ends: 12
+# epochs leave that time on a loaded machine (with 3, CI's 2 busy cores missed it).
 LRS = "train.lr=choice:0.05,1e-9"
 
 
 def optuna_args(tmp_path: Path, n: int, *extra: str) -> list[str]:
     return [
         "--name", "o", "--optuna", str(n), "--seed", "6", "--prune-after", "1", LRS,
-        *TINY, "train.epochs=3", "run.deterministic=true", f"run.output_dir={tmp_path}", *extra,
+        *TINY, "train.epochs=12", "run.deterministic=true", f"run.output_dir={tmp_path}", *extra,
     ]  # fmt: skip
 
 

@@ -62,6 +62,14 @@ FEATURES = {
         "tests/test_fsdp.py",
         "tests/test_checkpoint_safety.py",
     ),
+    "export": (
+        "{package}/tools/export.py",
+        "{package}/tools/formats.py",
+        "{package}/tools/serving.py",
+        "scripts/export.py",
+        "tests/test_export.py",
+        "tests/test_export_lengths.py",
+    ),
     "sweeps": (
         *("{package}/tools/sweep.py", "{package}/tools/sweep_cli.py"),
         *("{package}/tools/sweep_plan.py", "{package}/tools/sweep_report.py"),

@@ -295,6 +295,12 @@ FEATURE_FILES = {
         "tests/test_fsdp.py",
         "tests/test_checkpoint_safety.py",
     },
+    "export": {
+        *(f"PKG/tools/{name}.py" for name in ("export", "formats", "serving")),
+        "scripts/export.py",
+        "tests/test_export.py",
+        "tests/test_export_lengths.py",
+    },
     "sweeps": {
         *(f"PKG/tools/sweep{part}.py" for part in ("", "_cli", "_plan", "_report", "_manifest")),
         *(f"PKG/tools/sweep_{part}.py" for part in ("optuna", "study", "launch")),
@@ -325,6 +331,10 @@ FEATURE_TRACES = {
         r"fsdp|fully_shard|\bdcp\b|\.dcp|consolidat|cpu_offload|shard_reader|is_sharded"
         r"|sharded (checkpoint|model|state)|shard (folder|index|file)",
         re.IGNORECASE,
+    ),
+    # export's words; a shell's `export NAME=` is not one.
+    "export": re.compile(
+        r"onnx|torchscript|\.pt2\b|serving|\bexport(s|ed|ing|er)?\b(?! [A-Z_]+=)", re.IGNORECASE
     ),
     "sweeps": re.compile(r"sweep|optuna", re.IGNORECASE),
     "trackers": re.compile(r"wandb|mlflow|mlruns", re.IGNORECASE),

@@ -125,6 +125,11 @@ def test_cruft_create_then_update_keeps_user_edits(tmp_path, env, skip_variable,
 
 # Per feature: files that are its own, and a shared file with a line only it brings.
 FEATURE_TRACES = {
+    "export": (
+        ["my_pytorch_project/tools/export.py", "scripts/export.py"],
+        "pyproject.toml",
+        "onnx",
+    ),
     "fsdp": (
         ["my_pytorch_project/fsdp.py", "scripts/consolidate.py"],
         "configs/default.yaml",

@@ -19,9 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
-# FSDP2 on the CPU and ONNX export need torch >= 2.7; on the floor (2.6) both are refused  # feature: fsdp
-# ONNX export needs torch >= 2.7; on the floor (2.6) it is refused  # feature: !fsdp
-# with one line (test_torch_floor.py), and the tests that run them skip.
+# What needs torch >= 2.7 is refused below it, on the floor (2.6), with one line
+# (test_torch_floor.py), and the tests that run it skip.
 NEEDS_TORCH_2_7 = pytest.mark.skipif(
     tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7),
     reason="needs torch >= 2.7: refused below it (test_torch_floor.py)",
@@ -286,3 +285,23 @@ def nfs_flock(monkeypatch):
         return real(fd, operation)
 
     monkeypatch.setattr(fcntl, "flock", flock)
+
+
+@pytest.fixture
+def torch_2_6(monkeypatch):
+    """torch says it is 2.6, the floor: what needs 2.7 is refused."""
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+
+
+@pytest.fixture
+def handlers():
+    """The process's signal handlers as they were: a stop signal that the code under test
+    fails to catch is ignored here (it would end the test run) and shows as a wrong exit."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    from {{ cookiecutter.package_name }}.tools import cli
+
+    cli._held.clear()

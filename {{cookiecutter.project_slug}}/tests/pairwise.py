@@ -48,7 +48,7 @@ AXES: dict[str, list] = {
     "early_stop": [False, True],
     "folds": [0, 3],
     "loggers": ["csv", "csv+tensorboard"],
-    "export": ["torchscript", "export", "onnx"],
+    "export": ["torchscript", "export", "onnx"],  # feature: export
     "act_ckpt": [False, True],  # train.activation_checkpointing
     "sync_bn": [False, True],
     "cpu_offload": [False, True],  # feature: fsdp
@@ -65,7 +65,8 @@ IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn", "cls-images-timm")
 # everything else in a case, most of all on two ranks at once (each compiles). The generator
 # takes a costly value only where it covers that many more new pairs than a cheap one:
 # compile then lands on two ranks in the one case its pair with world 2 needs.
-COST = {("world", 2): 2, ("compile", True): 3, ("export", "onnx"): 1}
+COST = {("world", 2): 2, ("compile", True): 3}
+COST[("export", "onnx")] = 1  # feature: export
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -383,3 +384,34 @@ def test_an_image_artifact_takes_images_scaled_to_0_1(tmp_path):
         got = export.run_artifact("export", out, raw)
         expected = load_trained(best).model((raw - mean) / std)
     assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_onnx_export_below_torch_2_7_is_refused_with_one_line(tmp_path, tiny, torch_2_6, capsys):
+    out = Path(load_config(None, tiny).run.output_dir)
+    fit(load_config(None, [*tiny, "model.name=mlp", "train.max_steps=1"]))
+    capsys.readouterr()
+    before = sorted(tmp_path.rglob("*"))
+    args = ["--checkpoint", str(out / "default/last.pt"), "--format", "onnx"]
+    assert export_main([*args, "--out", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: --format onnx needs torch >= 2.7" in err[0], err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_a_stop_during_export_leaves_the_previous_artifact(handlers, tmp_path, monkeypatch):
+    fit(load_config(None, [*TINY, "train.epochs=1", f"run.output_dir={tmp_path}"]))
+    best, out = str(tmp_path / "default" / "best.pt"), tmp_path / "model.pt"
+    args = ["--checkpoint", best, "--format", "torchscript", "--out", str(out)]
+    assert export_main(args) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    real = export.run_artifact
+
+    def signalled_during_the_check(*a):  # the new artifact is staged, not yet in place
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a)
+
+    monkeypatch.setattr(export, "run_artifact", signalled_during_the_check)
+    assert export_main(args) == 75
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]

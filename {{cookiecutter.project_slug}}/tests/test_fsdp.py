@@ -451,7 +451,7 @@ def test_consolidated_checkpoint_evaluates_to_the_run_s_own_metrics(fsdp_run, tm
     stdout, stderr = capsys.readouterr()
     assert code == 0 and f"wrote {out}" in stdout, stderr
     sharded, full = checkpoint.load(run_dir / "last.pt"), checkpoint.load(out)
-    assert full["data"] == sharded["data"] and full["io"] == sharded["io"]  # for predict/export
+    assert full["data"] == sharded["data"] and full["io"] == sharded["io"]  # for the tools
     metrics = evaluate_checkpoint(str(out), ["run.device=cpu"])
     expected = fsdp_run["ranks"][0]["metrics"]
     assert metrics["step"] == STEPS and metrics["count"] == expected["count"] == 97
@@ -847,3 +847,40 @@ def test_a_sharded_model_validates_before_its_first_training_step():
         assert evaluate(net, loader, task, CPU)["count"] == 5
     finally:
         distributed.teardown()
+
+
+def test_fsdp_on_the_cpu_below_torch_2_7_is_refused_before_anything_is_written(tiny, torch_2_6):
+    message = r"train.strategy=fsdp on the CPU needs torch >= 2.7 \(this is 2.6.0\+cu124\)"
+    with pytest.raises(ConfigError, match=message):
+        fit(load_config(None, [*tiny, "train.strategy=fsdp"]))
+    assert not Path(load_config(None, tiny).run.output_dir).exists()
+
+
+@pytest.mark.slow
+def test_a_stop_right_after_consolidate_puts_its_file_in_place_ends_it_as_written(
+    handlers, tmp_path, monkeypatch, capsys
+):
+    """The stop lands just after the rename that put the new file in place: it is whole, so
+    the tool ends as it would have (exit 0), not with "nothing was written". Its --out,
+    deploy/best.pt, is a new file outside any run: no run's checkpoint."""
+    fit(load_config(None, [*TINY, f"run.output_dir={tmp_path}", "train.max_steps=1"]))
+    state = checkpoint.load(tmp_path / "default" / "last.pt")
+    run = tmp_path / "sharded"  # a run whose checkpoint is sharded: step-N.pt and its shards
+    with pytest.warns(UserWarning, match="torch.distributed is "):  # no group: meant here
+        dcp.save({"model": state.pop("model")}, checkpoint_id=run / "step-00000001.dcp")
+    del state["optimizer"]
+    torch.save({**state, "shards": "step-00000001.dcp"}, run / "step-00000001.pt")
+    out = tmp_path / "deploy" / "best.pt"
+    out.parent.mkdir()
+    replace = os.replace
+
+    def replaced_then_stopped(source, target):
+        replace(source, target)
+        if Path(target) == out:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "replace", replaced_then_stopped)
+    code = consolidate_main(["--checkpoint", str(run / "step-00000001.pt"), "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0 and f"wrote {out}" in stdout and stderr == "", stderr
+    assert checkpoint.load(out)["meta"]["consolidated_from"] == str(run / "step-00000001.pt")

@@ -22,9 +22,9 @@ from {{ cookiecutter.package_name }} import checkpoint, data
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
-from {{ cookiecutter.package_name }}.tools import export
+from {{ cookiecutter.package_name }}.tools import export  # feature: export
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
-from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import build_data, fit
 
@@ -149,10 +149,12 @@ def test_the_pretrained_weights_load_and_the_classifier_is_new(bert):
 
 
 @pytest.mark.slow
-def test_the_example_trains_a_text_classifier_then_evaluates_predicts_exports(tmp_path):
+def test_the_example_trains_a_text_classifier_then_evaluates_and_predicts(tmp_path):
     """configs/experiments/hf_text_classifier.yaml from the offline folder, the backbone frozen
-    for the first epoch; evaluation, prediction on raw text (a CSV without labels, a .txt) and
-    the ONNX export with its tokenizer beside it give the same answers."""
+    for the first epoch; evaluation, prediction on raw text (a CSV without labels, a .txt) and  # feature: export
+    the ONNX export with its tokenizer beside it give the same answers."""  # feature: export
+    for the first epoch; evaluation and prediction on raw text (a CSV without labels, a .txt)  # feature: !export
+    give the same answers."""  # feature: !export
     table = tickets(tmp_path / "all", n=1200)  # the whole demo table
     folder = tiny_bert(tmp_path / "bert_all", texts_of(table))
     args = hf_args(table, folder, tmp_path, "train.epochs=4", "train.lr=0.003")
@@ -170,6 +172,7 @@ def test_the_example_trains_a_text_classifier_then_evaluates_predicts_exports(tm
     with out.open() as f:
         predicted = list(csv.DictReader(f))
     assert [row["prediction"] for row in predicted] == ["billing", "shipping", "login"]
+    # >>> export
 
     artifact = tmp_path / "model.onnx"
     assert (
@@ -183,6 +186,7 @@ def test_the_example_trains_a_text_classifier_then_evaluates_predicts_exports(tm
     probs = export.run_artifact("onnx", artifact, ids).softmax(-1)[0]
     assert probs.argmax().item() == meta["classes"].index("shipping")
     assert probs.max().item() == pytest.approx(float(predicted[1]["probability"]), abs=1e-4)
+    # <<< export
 
 
 def test_a_frozen_backbone_keeps_its_weights_while_the_classifier_trains(bert, tmp_path):
@@ -299,7 +303,7 @@ def test_an_image_model_reads_images_as_its_processor_does(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_image_classifier_from_hugging_face_fine_tunes_then_predicts_and_exports(tmp_path):
+def test_an_image_classifier_from_hugging_face_fine_tunes_then_predicts(tmp_path):
     from test_image_folder import write_images
 
     for i, name in enumerate(("cat", "dog")):
@@ -323,9 +327,11 @@ def test_an_image_classifier_from_hugging_face_fine_tunes_then_predicts_and_expo
         predict_main([str(tmp_path / "images"), "--checkpoint", str(best), "--out", str(out)]) == 0
     )
     assert len(out.read_text().splitlines()) == 13
+    # >>> export
     artifact = tmp_path / "vit.onnx"
     assert (
         export_main(["--checkpoint", str(best), "--format", "onnx", "--out", str(artifact)]) == 0
     )
     parity = json.loads(artifact.with_name("vit.onnx.json").read_text())["parity"]
     assert parity["passed"] and parity["inputs"] == "validation"
+    # <<< export

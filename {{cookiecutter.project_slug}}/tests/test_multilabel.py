@@ -1,13 +1,14 @@
 """Multi-label classification: the metrics agree with scikit-learn from sums over uneven
 parts, pos_weight (none, auto, a list, a mapping) reaches the loss, the thresholds are tuned
-per label on validation and used by evaluate, predict and export; a table's labels are read
-from several 0/1 columns or one joined column, tensor files' from a 0/1 float y; and a run
-trains, evaluates, predicts and exports with the sigmoid inside the artifact."""
+per label on validation and used by evaluate and predict; a table's labels are read from
+several 0/1 columns or one joined column, tensor files' from a 0/1 float y; and a run
+trains, evaluates and predicts."""  # feature: !export
+trains, evaluates, predicts and exports with the sigmoid inside the artifact."""  # feature: export
 
 from __future__ import annotations
 
 import csv
-import json
+import json  # feature: export
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tasks import ranking
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
-from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
 from {{ cookiecutter.package_name }}.tools.predict import predict
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils.metrics import flatten
@@ -201,7 +202,8 @@ def test_tensor_files_with_0_1_float_targets_train_and_other_values_are_refused(
         fit(load_config(None, [*args, "run.name=other"]))
 
 
-@pytest.mark.slow  # trains, evaluates, predicts, exports
+@pytest.mark.slow  # trains, evaluates, predicts, exports  # feature: export
+@pytest.mark.slow  # trains, evaluates, predicts  # feature: !export
 def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, tiny, capsys):
     table = tmp_path / "tags.csv"
     tags_table(table, n=600)
@@ -238,6 +240,7 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
             n for n, d in zip(("blue", "green", "red"), decided, strict=True) if d
         )
     assert done["accuracy"] == pytest.approx(evaluated["exact_match"])  # the same decisions
+    # >>> export
     assert export_main(["--checkpoint", str(run / "best.pt"), "--format", "export"]) == 0
     exported = json.loads((run / "best.pt2.json").read_text())
     assert exported["output"]["labels"] == ["blue", "green", "red"]
@@ -253,6 +256,7 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
         first = list(csv.DictReader(f))[:8]
     want = [float(r[f"prob_{n}"]) for r in first for n in ("blue", "green", "red")]
     assert probabilities.flatten().tolist() == pytest.approx(want, abs=1e-5)
+    # <<< export
     capsys.readouterr()
     with pytest.raises(ConfigError, match="task.pos_weight=none differs"):
         fit(load_config(None, [*args, "train.epochs=5", "train.resume=auto",

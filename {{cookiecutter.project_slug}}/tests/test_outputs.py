@@ -21,7 +21,7 @@ from {{ cookiecutter.package_name }}.tools import outputs
 from {{ cookiecutter.package_name }}.tools.compare import compare_main
 from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main  # feature: fsdp
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
-from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils import run_files
@@ -68,8 +68,7 @@ def test_every_file_a_run_leaves_is_a_run_file(tmp_path):
     assert outputs.run_file(run / "step-00000016.dcp" / "__0_0.distcp")  # feature: fsdp
     assert outputs.run_file(run) == "a run or output folder"
     # What the tools write beside a run is not a run's file.
-    for name in ("predictions.csv", "best.torchscript.pt", "best_report", "best.full.pt"):  # feature: fsdp
-    for name in ("predictions.csv", "best.torchscript.pt", "best_report"):  # feature: !fsdp
+    for name in ("predictions.csv", "best.ts.pt", "best_report", "best.full.pt"):
         assert outputs.run_file(run / name) is None, name
     assert outputs.run_file(out / "compare.png") is None
 
@@ -202,8 +201,8 @@ def test_no_tool_writes_over_a_run_file(run, kept, capsys, name, fragment):
     best, target = str(run / "best.pt"), str(run / name)
     code = predict_main(["--checkpoint", best, "--split", "val", "--out", target])
     refused(code, capsys, fragment)
-    args = ["--checkpoint", best, "--format", "torchscript", "--out", target, "--force"]
-    refused(export_main(args), capsys, fragment)
+    args = ["--checkpoint", best, "--format", "torchscript", "--out", target, "--force"]  # feature: export
+    refused(export_main(args), capsys, fragment)  # feature: export
     refused(compare_main([str(run), "--out", target, "--force"]), capsys, fragment)
     refused(consolidate_main(["--checkpoint", best, "--out", target]), capsys, fragment)  # feature: fsdp
     refused(evaluate_main(["--checkpoint", best, "--report", str(run)]), capsys, "a run or")
@@ -231,17 +230,18 @@ def test_predict_never_replaces_its_input_and_asks_before_another(run, kept, tmp
 
 
 @pytest.mark.slow
-def test_export_and_compare_replace_their_own_output_and_ask_before_another(
-    run, kept, tmp_path, capsys
-):
-    best = str(run / "best.pt")
+def test_a_tool_replaces_its_own_output_and_asks_before_another(run, kept, tmp_path, capsys):
     model = tmp_path / "model.pt"
     model.write_bytes(b"someone else's file")
+    # >>> export
+    best = str(run / "best.pt")
     args = ["--checkpoint", best, "--format", "torchscript", "--out", str(model)]
     refused(export_main(args), capsys, "exists and is not an earlier output of this tool")
     assert model.read_bytes() == b"someone else's file"
     assert export_main([*args, "--force"]) == 0
     assert export_main(args) == 0  # its own export, with its JSON: replaced once checked
+    model.write_bytes(b"someone else's file")
+    # <<< export
     plot = tmp_path / "plot.png"
     assert compare_main([str(run), "--out", str(plot)]) == 0
     assert compare_main([str(run), "--out", str(plot)]) == 0  # its own plot
@@ -266,20 +266,21 @@ def test_evaluate_replaces_an_earlier_report_and_refuses_another_folder(
 
 @pytest.mark.slow
 def test_a_start_removes_what_a_killed_tool_left_beside_its_target(run, kept, tmp_path):
-    """kill -9 mid-write leaves .<name>.tmp<pid>: a staging folder (export, the report) or a
+    """kill -9 mid-write leaves .<name>.tmp<pid>: a staging folder (the report, say) or a
     temporary file (predict); the next start removes the dead process's, no other."""
     best, dead, alive = str(run / "best.pt"), dead_pid(), os.getppid()
     leftovers = [
-        tmp_path / f".model.pt.tmp{dead}",
+        tmp_path / f".model.pt.tmp{dead}",  # feature: export
         tmp_path / f".preds.csv.tmp{dead}",
         tmp_path / f".report.tmp{dead}",
     ]
     for path in leftovers:
         path.mkdir() if "csv" not in path.name else path.write_text("half a table")
-    live = tmp_path / f".model.pt.tmp{alive}"
+    live = tmp_path / f".model.pt.tmp{alive}"  # feature: export
+    live = tmp_path / f".report.tmp{alive}"  # feature: !export
     live.mkdir()
-    args = ["--checkpoint", best, "--format", "torchscript", "--out", str(tmp_path / "model.pt")]
-    assert export_main(args) == 0
+    args = ["--checkpoint", best, "--format", "torchscript", "--out", str(tmp_path / "model.pt")]  # feature: export
+    assert export_main(args) == 0  # feature: export
     out = str(tmp_path / "preds.csv")
     assert predict_main(["--checkpoint", best, "--split", "val", "--out", out]) == 0
     assert evaluate_main(["--checkpoint", best, "--report", str(tmp_path / "report")]) == 0

@@ -126,23 +126,23 @@ def test_a_killed_run_leaves_no_stale_lock(tiny):
 
 
 def test_a_resume_removes_only_the_temporaries_of_processes_that_are_gone(tiny):
-    """The run folder's temporaries follow the tools' rule (utils/locks.py): an export
+    """The run folder's temporaries follow the tools' rule (utils/locks.py): a report
     writing its staging folder into the run folder now keeps it through a resume; what
-    killed processes left there (an export, a checkpoint's bytes, a folder) is removed."""
+    killed processes left there (a tool's output, a checkpoint's bytes, a folder) is removed."""
     fit(load_config(None, [*tiny, "train.max_steps=2"]))
     folder, alive, dead = run_dir(tiny), os.getppid(), dead_pid()
-    live = folder / f".best.torchscript.pt.tmp{alive}"
+    live = folder / f".best_report.tmp{alive}"
     live.mkdir()
-    (live / "best.torchscript.pt").write_bytes(b"being written")
-    stale = [folder / f".best.torchscript.pt.tmp{dead}", folder / f".step-00000003.dcp.tmp{dead}"]  # feature: fsdp
-    stale = [folder / f".best.torchscript.pt.tmp{dead}", folder / f".best_report.tmp{dead}"]  # feature: !fsdp
+    (live / "report.json").write_bytes(b"being written")
+    stale = [folder / f".best_report.tmp{dead}", folder / f".best.model.pt.tmp{dead}"]
+    stale.append(folder / f".step-00000003.dcp.tmp{dead}")  # feature: fsdp
     for path in stale:
         path.mkdir()
         (path / "part").write_bytes(b"left by a kill")
     stale.append(folder / f".step-00000003.pt.tmp{dead}")
     stale[-1].write_bytes(b"half a checkpoint")
     assert fit(load_config(None, [*tiny, "train.max_steps=3", "train.resume=auto"]))["step"] == 3
-    assert (live / "best.torchscript.pt").read_bytes() == b"being written"
+    assert (live / "report.json").read_bytes() == b"being written"
     assert not [path for path in stale if path.exists()]
 
 

@@ -293,14 +293,14 @@ def test_a_mid_epoch_resume_with_no_batch_left_is_refused(tiny, tmp_path, monkey
 
 
 def test_files_named_like_step_files_are_not_pruned_or_resumed(tmp_path):
-    # Tools write files named step-N.* beside the step files (a model's step-N.full.pt, an
-    # export's step-N.torchscript.pt): none is a step checkpoint, to prune or resume from.
+    # Tools write files named step-N.*.pt beside the step files (a model's step-N.full.pt, an
+    # artifact's step-N.ts.pt): none is a step checkpoint, to prune or resume from.
     folder = RunFolder(tmp_path, keep_last=1)
-    full, exported = tmp_path / "step-00000009.full.pt", tmp_path / "step-00000009.ts.pt"
+    full, artifact = tmp_path / "step-00000009.full.pt", tmp_path / "step-00000009.ts.pt"
     full.write_bytes(b"full weights")
-    exported.write_bytes(b"an artifact")
+    artifact.write_bytes(b"an artifact")
     for step in (1, 2):
         folder.save({"step": torch.tensor(step)}, step, is_best=False)
     assert [p.name for p in folder.step_files()] == ["step-00000002.pt"]
-    assert full.read_bytes() == b"full weights" and exported.read_bytes() == b"an artifact"
+    assert full.read_bytes() == b"full weights" and artifact.read_bytes() == b"an artifact"
     assert full not in folder.checkpoint_files()

@@ -4,7 +4,7 @@ before anything is written, with one line naming the method and what it returned
 
 from __future__ import annotations
 
-import json
+import json  # feature: export
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.tasks import TASKS, check_task
 from {{ cookiecutter.package_name }}.tasks.classification import Classification
-from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
 from {{ cookiecutter.package_name }}.trainer import build_data, fit
 
 
@@ -98,8 +98,11 @@ def test_the_readme_s_new_task_keeps_the_protocol_and_trains(tmp_path, tiny, mon
     result = fit(load_config(None, args))
     assert result["metrics"]["mae"] == result["metrics"]["loss"] > 0
     best = tmp_path / "runs" / "default" / "best.pt"
+    assert best.is_file()
+    # >>> export
     # Without head() and describe(), the artifact applies the task's decode and says so.
     assert export_main(["--checkpoint", str(best), "--format", "torchscript"]) == 0
     exported = json.loads(best.with_name("best.torchscript.pt.json").read_text())
     assert exported["output"]["units"].startswith("task.name=l1's outputs as its decode()")
     assert exported["parity"]["passed"]
+    # <<< export

@@ -228,8 +228,8 @@ def test_train_script_runs_from_the_command_line(tiny):
 
 
 # What only some runs use, each costing start-up time when imported: torch's distributed
-# checkpoints, sharding and DTensor (with sympy: over a second together), plots, ONNX, the
-# trackers, TensorBoard and the project's own tools.
+# checkpoints, sharding and DTensor (with sympy: over a second together), plots, the trackers,
+# TensorBoard, optional libraries and the project's own tools.
 OPTIONAL = (
     "torch.distributed.checkpoint",
     "torch.distributed.fsdp",  # feature: fsdp
@@ -237,9 +237,9 @@ OPTIONAL = (
     "torch.distributed._composable",
     "torch.utils.tensorboard",
     "matplotlib",
-    "onnx",
-    "onnxscript",
-    "onnxruntime",
+    "onnx",  # feature: export
+    "onnxscript",  # feature: export
+    "onnxruntime",  # feature: export
     "wandb",  # feature: trackers
     "mlflow",  # feature: trackers
     "optuna",  # feature: sweeps
@@ -249,14 +249,14 @@ OPTIONAL = (
         for tool in (
             "compare",
             "consolidate",  # feature: fsdp
-            "export",
-            "formats",
+            "export",  # feature: export
+            "formats",  # feature: export
             "inference",
             "predict",
             "predict_inputs",
             "report",
             "runs_table",
-            "serving",
+            "serving",  # feature: export
             "sweep",  # feature: sweeps
             "sweep_plan",  # feature: sweeps
             "sweep_report",  # feature: sweeps

@@ -11,7 +11,7 @@ library into a failure, as CI sets it.
 
 from __future__ import annotations
 
-import json
+import json  # feature: export
 import sys
 
 import pytest
@@ -24,10 +24,10 @@ from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data.image_decode import decode
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models import build_model, preprocessing
-from {{ cookiecutter.package_name }}.tools import export
+from {{ cookiecutter.package_name }}.tools import export  # feature: export
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
-from {{ cookiecutter.package_name }}.tools.export import export_main
-from {{ cookiecutter.package_name }}.tools.inference import load_trained
+from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
+from {{ cookiecutter.package_name }}.tools.inference import load_trained  # feature: export
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
@@ -243,13 +243,14 @@ def library_transform(library: str, arch: str):
         ("timm", TIMM_ARCH, 160, 0.95, "bilinear"),
     ],
 )
-def test_a_pretrained_model_fine_tunes_on_an_image_folder_then_evaluates_predicts_exports(
+def test_a_pretrained_model_fine_tunes_on_an_image_folder_then_evaluates_and_predicts(
     tmp_path, capsys, library, arch, size, crop, interpolation
 ):
     """The demo's path with a pretrained model (timm: the example config itself): an image
     folder read as the weights want it (their size, crop, interpolation, mean and std, all
-    left at auto), the backbone frozen for the first epoch; evaluation, prediction on raw
-    files and the export read images the same way, and the pixels equal the library's own
+    left at auto), the backbone frozen for the first epoch; evaluation and prediction on raw
+    files (and the export) read images the same way, and the pixels equal the library's own  # feature: export
+    files read images the same way, and the pixels equal the library's own  # feature: !export
     transform of the same files (non-square ones: the crop's arithmetic too)."""
     from PIL import Image
 
@@ -282,6 +283,7 @@ def test_a_pretrained_model_fine_tunes_on_an_image_folder_then_evaluates_predict
         predict_main([str(tmp_path / "images"), "--checkpoint", str(best), "--out", str(out)]) == 0
     )
     assert len(out.read_text().splitlines()) == 1 + len(files)
+    # >>> export
     artifact = tmp_path / "model.onnx"
     assert (
         export_main(["--checkpoint", str(best), "--format", "onnx", "--out", str(artifact)]) == 0
@@ -296,6 +298,7 @@ def test_a_pretrained_model_fine_tunes_on_an_image_folder_then_evaluates_predict
     torch.testing.assert_close(
         export.run_artifact("onnx", artifact, raw), expected, rtol=1e-4, atol=1e-4
     )
+    # <<< export
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ def setup(device_name: str, cpu_collectives: bool = False) -> tuple[DistInfo, to
 
 
 def join(device: torch.device, cpu_collectives: bool = False, **alone) -> None:
-    """Make the process group for `device`: NCCL on CUDA (serving CUDA tensors only), gloo on
+    """Make the process group for `device`: NCCL on CUDA (for CUDA tensors only), gloo on
     the CPU. `cpu_collectives` adds gloo for CPU tensors beside NCCL (gradients kept in CPU
     memory on GPU ranks: their norm is all-reduced there). `alone`: store, rank and
     world_size of a group without torchrun."""

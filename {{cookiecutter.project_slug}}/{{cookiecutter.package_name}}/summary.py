@@ -5,7 +5,7 @@ run prints it again."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.util  # feature: export
 import shlex
 from pathlib import Path
 
@@ -85,10 +85,10 @@ def summary(
 
 
 def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
-    """{what: shell command} for this run's checkpoint: evaluate, predict, export, compare."""
+    """{what: shell command} for this run's checkpoint: evaluate, predict, export, compare."""  # feature: export
+    """{what: shell command} for this run's checkpoint: evaluate, predict, compare."""  # feature: !export
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     ckpt = run_dir / ("best.pt" if (run_dir / "best.pt").exists() else "last.pt")
-    fmt = "onnx" if importlib.util.find_spec("onnxscript") else "export"
     commands = {}
     # >>> fsdp
     if cfg.train.strategy == "fsdp":  # sharded: the scripts read the consolidated model
@@ -98,9 +98,12 @@ def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
     commands |= {
         "evaluate": ["scripts/evaluate.py", "--checkpoint", ckpt],
         "predict": ["scripts/predict.py", "--checkpoint", ckpt, *_predict_input(cfg, meta)],
-        "export": ["scripts/export.py", "--checkpoint", ckpt, "--format", fmt],
-        "compare": ["scripts/compare_runs.py", run_dir],
     }
+    # >>> export
+    fmt = "onnx" if importlib.util.find_spec("onnxscript") else "export"
+    commands["export"] = ["scripts/export.py", "--checkpoint", ckpt, "--format", fmt]
+    # <<< export
+    commands["compare"] = ["scripts/compare_runs.py", run_dir]
     if meta.get("test"):  # the held-out test split (data.test_path, an image folder's test/)
         commands["test"] = ["scripts/evaluate.py", "--checkpoint", ckpt, "--split", "test"]
     if cfg.task.name != "language_model":

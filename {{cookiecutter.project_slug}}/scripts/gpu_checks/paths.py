@@ -235,7 +235,7 @@ def check_smoke(c: Check) -> str:
 
 def check_combinations(c: Check) -> str:
     """tests/test_combinations.py on this device: every pair of option values trained,
-    stopped, resumed, evaluated and exported; fp16 trains here (the CPU refuses it). Minutes:
+    stopped, resumed and evaluated; fp16 trains here (the CPU refuses it). Minutes:
     not in the default run (--only combinations)."""
     env = {"COMBINATIONS_DEVICE": c.machine.device}
     if c.machine.device == "cuda" and c.machine.gpus < 2:

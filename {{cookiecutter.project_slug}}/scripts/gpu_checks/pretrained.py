@@ -1,18 +1,19 @@
 """The pretrained-model check: the two example configs (a timm ResNet-18 on the demo images, a
 small BERT on the demo tickets) fine-tuned on the GPU with bf16, channels_last and compile
-across the unfreeze, under fsdp on two ranks, then evaluated, predicted and exported from the  # feature: fsdp
-across the unfreeze, under ddp on two ranks, then evaluated, predicted and exported from the  # feature: !fsdp
-CUDA checkpoint. Weights are made on the spot (random init in the library's own format): the
-check needs no network, only the [vision] and [hf] extras."""
+across the unfreeze, under fsdp on two ranks, then evaluated and predicted  # feature: fsdp
+across the unfreeze, under ddp on two ranks, then evaluated and predicted  # feature: !fsdp
+from the CUDA checkpoint. Weights are made on the spot (random init in the library's own
+format): the check needs no network, only the [vision] and [hf] extras."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
-import json
+import json  # feature: export
 import sys
 
-from .common import ROOT, Check, Failed, Skipped, last_epoch_line
+from .common import ROOT, Check, Failed, Skipped, last_epoch_line  # feature: export
+from .common import ROOT, Check, Skipped, last_epoch_line  # feature: !export
 
 LIBRARIES = ("timm", "transformers", "tokenizers")
 
@@ -21,7 +22,8 @@ def check_pretrained(c: Check) -> str:
     """timm resnet18 (224 px, bf16, channels_last, compile, frozen first epoch) and an hf BERT
     (bf16, frozen first epoch) fine-tuned, resumed-free; fsdp on 2 ranks for the timm model;  # feature: fsdp
     (bf16, frozen first epoch) fine-tuned, resumed-free; ddp on 2 ranks for the timm model;  # feature: !fsdp
-    evaluate, predict and ONNX/torch.export parity from the CUDA checkpoints."""
+    evaluate, predict and ONNX/torch.export parity from the CUDA checkpoints."""  # feature: export
+    evaluate and predict from the CUDA checkpoints."""  # feature: !export
     missing = [m for m in LIBRARIES if importlib.util.find_spec(m) is None]
     if missing:
         raise Skipped(f"{', '.join(missing)} not installed: pip install -e '.[vision,hf]'")
@@ -59,10 +61,12 @@ def check_pretrained(c: Check) -> str:
         best = str(runs / run / "best.pt")
         c.python("scripts/evaluate.py", "--checkpoint", best, f"run.device={device}")
         c.python("scripts/predict.py", "--checkpoint", best, "--split", "val", "--device", device)
+        # >>> export
         fmt = "onnx" if importlib.util.find_spec("onnxruntime") else "export"
         c.python("scripts/export.py", "--checkpoint", best, "--format", fmt)
         suffix = {"onnx": ".onnx", "export": ".pt2"}[fmt]
         meta = json.loads((runs / run / f"best{suffix}.json").read_text())
         if meta["parity"].get("passed") is False:
             raise Failed(f"{run}: the {fmt} export differs from the model ({meta['parity']})")
+        # <<< export
     return " / ".join(line.split("|")[0].strip() + " ok" for line in lines)

@@ -1,6 +1,5 @@
 """Checkpointing, in one place: the trainer and the loop call a CheckpointManager and nothing
-else; the tools (evaluate, predict, export, consolidate, ...) read checkpoints with load().  # feature: fsdp
-else; the tools (evaluate, predict, export, ...) read checkpoints with load().  # feature: !fsdp
+else; the tools (evaluate, predict, ...) read checkpoints with load().
 
     ckpt = CheckpointManager(cfg, dist)   # the run folder <run.output_dir>/<run.name>/
     state, path = ckpt.find()             # what train.resume continues from, on every rank

@@ -4,7 +4,7 @@ and clear errors for files that are not checkpoints (CorruptCheckpoint: safe to 
 A checkpoint holds the model, optimizer, scheduler and scaler states, the Progress (epoch,
 step, position inside the epoch, best metric), every rank's RNG streams, the resolved config,
 the data's meta (class names, normalisation, the validation split), "io" (the model's input
-shape and dtype and output size, so prediction and export need no data) and metadata (torch
+shape and dtype and output size, so the tools need no data) and metadata (torch
 version, git commit, world size); state.py builds and restores it.
 Under train.strategy=fsdp the model and optimizer are in a folder of shards beside the file  # feature: fsdp
 (sharded.py).  # feature: fsdp

@@ -37,9 +37,8 @@ class RunFolder:
 
     def step_files(self) -> list[Path]:
         """The step checkpoints, newest first: step-<8 digits>.pt only, not files the tools
-        write beside them (an export's step-N.torchscript.pt, consolidate's step-N.full.pt),  # feature: fsdp
-        write beside them (an export's step-N.torchscript.pt),  # feature: !fsdp
-        which pruning would delete and a resume would try."""
+        write beside them (step-N.<what>.pt), which pruning would delete and a resume would
+        try."""
         found = self.run_dir.glob("step-*.pt")
         return sorted((p for p in found if STEP_FILE.fullmatch(p.name)), reverse=True)
 
@@ -218,7 +217,7 @@ class RunFolder:
         """What a process killed mid-write left in the run folder (a checkpoint, a  # feature: !fsdp
         record; never read: the rename never ran), by the one rule every writer's  # feature: !fsdp
         temporaries follow (locks.remove_stale): only those whose process is gone, so a tool
-        writing into the run folder now (an export, a report) keeps its own."""
+        writing into the run folder now (a report, say) keeps its own."""
         locks.remove_stale(self.run_dir)
 
 

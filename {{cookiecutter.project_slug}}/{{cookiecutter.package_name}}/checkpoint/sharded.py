@@ -123,7 +123,7 @@ def consolidate(path: str | Path, out: str | Path | None = None, before_rename=N
     out = Path(out) if out else path.with_name(f"{path.stem}.full.pt")
     meta = {**head.get("meta", {}), "consolidated_from": str(path)}
     full = {"model": model, "config": head["config"], "progress": head["progress"], "meta": meta}
-    # What evaluation, prediction and export read besides the weights: preprocessing, shapes.
+    # What the tools read besides the weights: preprocessing, shapes.
     full.update({key: head[key] for key in ("data", "io") if key in head})
     files.atomic_save(full, out, before_rename)
     return out

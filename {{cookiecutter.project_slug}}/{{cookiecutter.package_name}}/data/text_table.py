@@ -14,8 +14,9 @@ The tokenizer is the model's (data.tokenizer=auto) or a folder holding tokenizer
 must be a fast one (the `tokenizers` library). Every text is tokenised once when the data is
 built, not per epoch; a batch is padded to its own longest text (dynamic padding), with the
 tokenizer's pad id, which the model masks out. The tokenizer itself (its tokenizer.json), its
-pad id and maximum length travel in every checkpoint (`meta`), so evaluation, prediction and
-the export tokenise new text exactly as training did, without the hub or the folder.
+pad id and maximum length travel in every checkpoint (`meta`), so the tools that read it
+(evaluation, prediction) tokenise new text exactly as training did, without the hub or the
+folder.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ MODELS = {
 
 def architecture(cfg):
     """cfg (the config's model section) without pretrained weights: for rebuilding a model
-    whose weights come from a checkpoint (a resume, evaluation, prediction, export), which
+    whose weights come from a checkpoint (a resume, or a tool: evaluation, prediction), which
     then needs neither the network nor the weights file."""
     if getattr(cfg.options, "pretrained", False):
         return replace(cfg, options=replace(cfg.options, pretrained=False))
@@ -123,7 +123,7 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def model_io(example: torch.Tensor, num_outputs: int, dataset=None) -> dict:
-    """What the model takes and gives, saved in checkpoints ("io"): prediction and export
+    """What the model takes and gives, saved in checkpoints ("io"): the tools
     rebuild the model from it without the training data. A dataset of texts of their own
     lengths (`variable_length`) gives -1 for the length: any length up to the maximum."""
     shape = list(example.shape[1:])

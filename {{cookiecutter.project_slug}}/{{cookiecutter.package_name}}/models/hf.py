@@ -13,7 +13,7 @@ mask leaves out; data.name=text_table tokenises with this model's tokenizer (dat
 auto). model.name=hf_image takes images (data.name=image_folder) read as its image processor
 says (size, crop, resampling, mean and std: the data's auto). Offline: a folder
 (save_pretrained's model and tokenizer or image processor files) as arch or weights;
-HF_HUB_OFFLINE=1 keeps the hub client from retrying. Evaluation, prediction and export
+HF_HUB_OFFLINE=1 keeps the hub client from retrying. The tools that read a checkpoint
 rebuild the architecture from its config.json (the folder, or the hub's cache): the weights and
 the preprocessing come from the checkpoint. Install: pip install -e '.[hf]'.
 """

@@ -11,7 +11,7 @@ head (finetune.py): it is the one part not loaded. timm adapts the first convolu
 data's channels; torchvision models take 3. The weights' own preprocessing (input size, crop,
 interpolation, mean and std) becomes the image data's where data.image_size, crop_pct,
 interpolation, mean and std are left at auto (data/image_folder.py), and travels in the
-checkpoint to evaluation, prediction and the export.
+checkpoint to the tools that read it (evaluation, prediction).
 
 Offline (a cluster without the network): give `weights:` a file. torchvision reads a state
 dict (.pth/.pt/.safetensors, as its URL serves it); timm the file its hub serves

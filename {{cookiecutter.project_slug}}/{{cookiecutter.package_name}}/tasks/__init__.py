@@ -25,9 +25,11 @@ tasks/<name>.py with a class like those below, then add one line to TASKS. A tas
 - `tune` (optional): whether validation tunes the task's decisions (classification's
   task.threshold=auto); a task that tunes records them as meta["tuned"] in the data meta it
   was given, which every checkpoint saves; evaluate sets `tune = False` to score with them.
+# >>> export
 - `head()`, `describe()` (optional): `decode` as a module for the exported artifact (None:
   the outputs as they are) and what the artifact's output is (its JSON's "output": shape,
   units, names); without them the artifact applies `decode` and states the shape only;
+# <<< export
 - `columns()`, `rows(decoded)` (optional): predict.py's CSV columns and its rows for a batch
   of decoded outputs; without them it writes the decoded values.
 A different loss is an option of the task (e.g. regression's `loss: huber`), not a new task.

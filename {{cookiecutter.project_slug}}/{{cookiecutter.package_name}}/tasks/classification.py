@@ -28,7 +28,7 @@ class Options:
     # [w0, w1, ...] in class order | {class name: weight}. The reported val loss is unweighted.
     class_weights: list[float] | dict[str, float] | str = "none"
     # Two classes: predict the second when its probability >= threshold; auto: the threshold
-    # maximising F1 on the validation split, saved in each checkpoint (evaluate, predict, export).
+    # maximising F1 on the validation split, saved in each checkpoint (evaluate and predict).
     threshold: float | str = 0.5
 
     def checks(self):
@@ -97,7 +97,7 @@ class Classification:
                 )
         self.weights = class_weights(opts.class_weights, self.label_names, self.meta)
         # The validation of a run with threshold=auto tunes it; evaluate scores with the
-        # checkpoint's (tools/evaluate.py sets tune False), predict and export read it.
+        # checkpoint's (tools/evaluate.py sets tune False), the other tools read it.
         self.tune = opts.threshold == "auto"
         saved = self.meta.get("tuned", {}).get("threshold")
         self.threshold = saved if self.tune and saved is not None else _fixed(opts.threshold)
@@ -167,6 +167,7 @@ class Classification:
         order = ["loss", *self.metrics, "threshold"]  # as the console and summary show them
         return {**{m: metrics[m] for m in order if m in metrics}, "count": int(count)}
 
+    # >>> export
     # What predict.py writes and an exported artifact computes (logits: no head) and promises.
     def head(self) -> None:
         return None
@@ -177,6 +178,7 @@ class Classification:
             "units": "logits per class, in the order of `classes` (softmax gives probabilities)",
             "classes": self.label_names,
         }
+    # <<< export
 
     def columns(self) -> list[str]:
         return ["prediction", "probability", *(f"prob_{c}" for c in self.label_names)]

@@ -56,6 +56,7 @@ class LanguageModel:
             "count": int(tokens),
         }
 
+    # >>> export
     # What an exported artifact computes (logits: no head) and promises.
     def head(self) -> None:
         return None
@@ -65,3 +66,4 @@ class LanguageModel:
             "shape": ["batch", "positions", self.num_outputs],
             "units": "next-token logits per position over `vocab`",
         }
+    # <<< export

@@ -2,7 +2,7 @@
 vector (N, L) ("a photo of a beach and a dog"; a ticket that is both "billing" and
 "urgent"). The model gives one logit per label (N, L); the loss is binary cross-entropy,
 each label's positives optionally weighted (`task.pos_weight`); `decode` is the sigmoid, so
-predictions and exported artifacts give a probability per label.
+predictions give a probability per label.
 
 Metrics, each validation, from float64 sums that add up over batches and ranks: per label
 precision, recall, F1 and average precision (AP), their micro- and macro-F1, the mean AP
@@ -12,7 +12,8 @@ recall and F1 from the decisions' counts (read off the histogram where every thr
 bin edge: 0.5 and any tuned one). A label is predicted when its probability reaches
 its threshold: `task.threshold` for all, or `auto`, each label's F1-best threshold on the
 validation split (a histogram bin edge, so F1 there is exact), saved in the checkpoint's
-data meta and used by evaluate.py, predict.py and the export's JSON. With `auto`, the exact
+data meta and used by evaluate.py and predict.py (and an export's JSON). With `auto`, the exact  # feature: export
+data meta and used by evaluate.py and predict.py. With `auto`, the exact  # feature: !export
 match ratio is counted at the thresholds in force while the split is scored (the previous
 validation's; the others are tuned on it first), since it needs each sample's decisions.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import nn  # feature: export
 
 from ..errors import ConfigError
 from ..utils.device import sums_dtype
@@ -163,6 +164,7 @@ class MultiLabel:
             "count": int(count),
         }
 
+    # >>> export
     # What predict.py writes and an exported artifact computes and promises.
     def head(self) -> nn.Module:
         return nn.Sigmoid()  # decode, inside the artifact
@@ -175,6 +177,7 @@ class MultiLabel:
             "labels": self.label_names,
             "thresholds": list(self.thresholds),
         }
+    # <<< export
 
     def columns(self) -> list[str]:
         return [

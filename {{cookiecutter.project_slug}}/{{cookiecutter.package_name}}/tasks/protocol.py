@@ -1,5 +1,5 @@
 """The protocol between a task and everything that calls it (the loop, validation, the
-logger, the summary, predict.py and export), checked on a real batch before a run writes
+logger, the summary and the tools), checked on a real batch before a run writes
 anything: a task a user writes that returns the wrong kind or shape of thing is one line
 naming the method and what it returned, not a traceback at the end of the first epoch."""
 

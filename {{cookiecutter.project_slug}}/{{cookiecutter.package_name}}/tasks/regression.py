@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import nn  # feature: export
 
 from ..errors import ConfigError
 from ..utils.device import sums_dtype
@@ -102,14 +102,17 @@ class Regression:
             "count": int(count),
         }
 
+    # >>> export
     # What an exported artifact computes and promises (predict.py writes decode's values).
     def head(self) -> nn.Module:
         return Unstandardise(self.mean.float(), self.std.float())  # decode, in float32
+    # <<< export
 
     def target_names(self) -> list[str]:
         label, k = self.meta.get("label"), self.num_outputs
         return [label] if isinstance(label, str) and k == 1 else [f"target_{i}" for i in range(k)]
 
+    # >>> export
     def describe(self) -> dict:
         return {
             "shape": ["batch", self.num_outputs],
@@ -117,8 +120,10 @@ class Regression:
             "inside)",
             "targets": self.target_names(),
         }
+    # <<< export
 
 
+# >>> export
 class Unstandardise(nn.Module):
     """decode inside an exported artifact: standardised outputs (N, T) to the targets' units."""
 
@@ -129,3 +134,4 @@ class Unstandardise(nn.Module):
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         return y * self.std + self.mean  # (N, T) * (T,) + (T,)
+# <<< export

@@ -1,7 +1,8 @@
 """What every entry point shares: its parser (an argument error is one bounded line), the one
 place that turns an exception into an exit code and one line, and the tools' stop signals.
 
-Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path,
+Exit codes: 0 success, 1 smoke test or export parity check failed, 2 bad input (config, path,  # feature: export
+Exit codes: 0 success, 1 smoke test failed, 2 bad input (config, path,  # feature: !export
 checkpoint, data, a full disk or an unwritable folder, a bad argument), 75 stopped by
 SIGTERM/SIGUSR1 (training: after saving a checkpoint, or a first Ctrl-C; run again to resume.
 A tool: before its output was put in place, nothing written), 130 a second Ctrl-C (a tool:

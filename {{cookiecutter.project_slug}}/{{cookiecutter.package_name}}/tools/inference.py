@@ -1,7 +1,8 @@
 """A trained model for inference, from its checkpoint alone: the model rebuilt from the saved
 config and "io" (input shape and dtype, output size), its weights, and the data meta that says
 how to read new inputs (classes, normalisation, image size, vocabulary) and its outputs
-(regression targets' mean and std, through the task). predict.py and export.py start here;
+(regression targets' mean and std, through the task). predict.py and export.py start here;  # feature: export
+(regression targets' mean and std, through the task). predict.py starts here;  # feature: !export
 the validation split is rebuilt only where real samples are needed.
 
 Mixed precision: predict.py, like evaluate.py, runs the model under the checkpoint's
@@ -9,7 +10,8 @@ train.amp. Its validation metrics, and so the choice of best.pt, were measured u
 a bf16 run, fp32 would give other probabilities (and now and then another class) than the
 metrics that picked the model, and than evaluate.py. --amp (predict) or train.amp=...
 (evaluate) overrides it; both choose by inference_amp, under training's rule for the device
-(fp16 needs a GPU). An exported artifact computes in fp32.
+(fp16 needs a GPU). An exported artifact computes in fp32.  # feature: export
+(fp16 needs a GPU).  # feature: !export
 """
 
 from __future__ import annotations

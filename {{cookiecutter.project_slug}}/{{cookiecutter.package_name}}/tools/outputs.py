@@ -1,7 +1,5 @@
-"""Where a tool may write: the one rule for every tool's output (predict.py --out, export.py
---out, compare_runs.py --out, consolidate.py --out, evaluate.py --report), and the clean-up  # feature: fsdp
---out, compare_runs.py --out, evaluate.py --report), and the clean-up  # feature: !fsdp
-of what a tool killed mid-write left beside its target.
+"""Where a tool may write: the one rule for every tool's output (each script's --out, and
+evaluate.py --report), and the clean-up of what a tool killed mid-write left beside its target.
 
 - Never over a run: a checkpoint (step-N.pt, last.pt, best.pt, *.pt.bad inside a run
   folder, an existing training checkpoint anywhere, what a step-N.dcp/ folder holds) or a  # feature: fsdp
@@ -11,10 +9,8 @@ of what a tool killed mid-write left beside its target.
   --force does not change that.
 - Never over one of the command's own inputs, by any name (a symlink, a hard link).
 - An existing file is replaced only where it is the tool's own earlier output of the same
-  kind (`own`: a prediction CSV, an export with its JSON, a compare plot, a consolidated  # feature: fsdp
-  checkpoint, an evaluation report), or with --force.  # feature: fsdp
-  kind (`own`: a prediction CSV, an export with its JSON, a compare plot, an evaluation
-  report), or with --force.  # feature: !fsdp
+  kind (`own`, which each tool passes: a prediction CSV, a compare plot, an evaluation
+  report ...), or with --force.
 
 Each refusal is one UserError naming the path and the fix, raised before anything is written.
 A tool writes through a hidden temporary beside its target, `.<name>.tmp<pid>` (a file, or a

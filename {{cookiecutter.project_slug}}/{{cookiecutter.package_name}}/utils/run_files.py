@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import re
 
-# Step checkpoints as RunFolder.save names them (step_file); other files named step-* (an
-# export's step-N.torchscript.pt, consolidate's step-N.full.pt) are not step checkpoints.  # feature: fsdp
-# export's step-N.torchscript.pt) are not step checkpoints.  # feature: !fsdp
+# Step checkpoints as RunFolder.save names them (step_file); the files a tool writes beside
+# them (step-N.<what>.pt) are not step checkpoints.
 STEP_FILE = re.compile(r"step-\d{8,}\.pt")
 SHARD_FOLDER = re.compile(r"step-\d{8,}\.dcp")  # train.strategy=fsdp: a step file's shards  # feature: fsdp
 SET_ASIDE = ".bad"  # a checkpoint that failed to load, renamed aside by a resume

@@ -27,8 +27,7 @@ from {{ cookiecutter.package_name }}.tools.inference import load_trained, valida
 from {{ cookiecutter.package_name }}.tools.predict import predict_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
-# Each test trains, then exports or checks parity: make test-all.
-pytestmark = pytest.mark.slow
+# Each test but the torch floor's trains, then exports or checks parity: make test-all.
 
 ONNX = ("onnx", "onnxscript", "onnxruntime")
 
@@ -45,6 +44,7 @@ def run_export(best: str, fmt: str, out: Path, *args: str) -> int:
     return export_main(["--checkpoint", best, "--format", fmt, "--out", str(out), *args])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torchscript", "export", "onnx"])
 def test_each_format_loads_back_and_matches_the_model(best, fmt, tmp_path):
     if fmt == "onnx" and not all(importlib.util.find_spec(m) for m in ONNX):
@@ -71,6 +71,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 def test_a_failed_parity_check_keeps_the_previous_artifact(best, tmp_path, monkeypatch, capsys):
     out = tmp_path / "model.pt"
@@ -96,6 +97,7 @@ def test_a_failed_parity_check_keeps_the_previous_artifact(best, tmp_path, monke
     assert json.loads((tmp_path / "model.pt.json").read_text())["parity"]["atol"] == 1e6
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_artifact(best, tmp_path, monkeypatch, capsys):
     out = tmp_path / "model.pt"
     assert run_export(best, "torchscript", out) == 0
@@ -142,6 +144,7 @@ def test_a_file_size_limit_keeps_the_previous_artifact(best, tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_an_out_that_is_a_folder_is_named_not_blamed_on_the_model(best, tmp_path, capsys):
     assert run_export(best, "onnx", tmp_path) == 2
     err = capsys.readouterr().err
@@ -150,6 +153,7 @@ def test_an_out_that_is_a_folder_is_named_not_blamed_on_the_model(best, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", [errno.EACCES, errno.EROFS])
 def test_an_unwritable_out_is_named_not_blamed_on_the_model(
     best, tmp_path, monkeypatch, capsys, error
@@ -168,6 +172,7 @@ def test_an_unwritable_out_is_named_not_blamed_on_the_model(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("atol", ["nan", "-1"])
 def test_a_tolerance_that_is_not_one_is_refused_before_anything_runs(
     best, tmp_path, monkeypatch, capsys, atol
@@ -192,6 +197,7 @@ class ValueBranch(nn.Module):
         return -self.head(x.flatten(1))
 
 
+@pytest.mark.slow
 def test_a_model_the_format_cannot_export_names_the_construct(best, tmp_path, monkeypatch, capsys):
     trained = load_trained(best)
     trained.model = ValueBranch().eval()
@@ -202,6 +208,7 @@ def test_a_model_the_format_cannot_export_names_the_construct(best, tmp_path, mo
     assert "depends on tensor values" in err and "try --format torchscript" in err
 
 
+@pytest.mark.slow
 def test_without_the_data_parity_runs_on_random_inputs(best, tmp_path, monkeypatch):
     def no_data(trained, n):
         raise ConfigError("data file not found")
@@ -219,12 +226,14 @@ def hide_module(monkeypatch, hidden: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_onnx_without_its_packages_is_one_line(best, tmp_path, monkeypatch, capsys):
     hide_module(monkeypatch, "onnxscript")
     assert run_export(best, "onnx", tmp_path / "m.onnx") == 2
     assert "pip install -e '.[export]'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_onnx_without_onnxruntime_exports_with_a_note(best, tmp_path, monkeypatch, capsys):
     if not all(importlib.util.find_spec(m) for m in ONNX[:2]):
         pytest.skip("needs onnx and onnxscript")
@@ -235,6 +244,7 @@ def test_onnx_without_onnxruntime_exports_with_a_note(best, tmp_path, monkeypatc
     assert len(out.splitlines()) == 1 and (tmp_path / "m.onnx").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_an_onnx_file_alone_loads_elsewhere(best, tmp_path, capsys):
     """The weights are inside the .onnx: a serving team can copy that one file."""
     if not all(importlib.util.find_spec(m) for m in ONNX):
@@ -253,6 +263,7 @@ def test_an_onnx_file_alone_loads_elsewhere(best, tmp_path, capsys):
     assert torch.allclose(got, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_an_onnx_model_too_large_to_embed_names_both_files(best, tmp_path, monkeypatch, capsys):
     if not all(importlib.util.find_spec(m) for m in ONNX):
         pytest.skip("needs the [export] extra: onnx, onnxscript, onnxruntime")
@@ -313,6 +324,7 @@ def artifact_and_predict(best: str, fmt: str, tmp_path: Path):
         return export.run_artifact(fmt, out, raw), predicted, meta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
 def test_raw_csv_rows_get_the_predictions_of_predict_py(tmp_path, fmt):
     """Features far from 0 and 1: without the standardisation inside, raw rows come out as
@@ -333,6 +345,7 @@ def test_raw_csv_rows_get_the_predictions_of_predict_py(tmp_path, fmt):
     assert torch.allclose(logits.softmax(1).max(1).values, probability, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_regression_artifact_answers_in_the_targets_units(tmp_path):
     """The model learns standardised targets; the artifact must map back, as predict.py does,
     so a serving team gets prices, not z-scores."""
@@ -350,6 +363,7 @@ def test_a_regression_artifact_answers_in_the_targets_units(tmp_path):
     assert got.mean() > 500  # in the targets' units (around 1000), not standardised (around 0)
 
 
+@pytest.mark.slow
 def test_an_image_artifact_takes_images_scaled_to_0_1(tmp_path):
     from test_image_folder import write_images
 

@@ -4,6 +4,7 @@ So a model for feature rows, tokens or images passes here without editing this f
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,20 @@ def test_an_mlp_on_feature_rows_and_a_cnn_on_images():
     assert mlp(rows).shape == (3, 3)
     images = torch.randn(3, 1, 16, 16)
     assert build_model(load_config(None).model, images, 7)(images).shape == (3, 7)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace.* is deprecated:DeprecationWarning")
+def test_the_transformer_traces_without_a_warning():
+    """torch.jit.trace follows the transformer with no TracerWarning: a tensor read as a
+    Python bool, or a loop over a tensor, would be frozen into the trace. The trace answers
+    as the model does at another length than the one traced."""
+    cfg = load_config(None, ["model.name=transformer", "model.width=16", "model.depth=1"])
+    model = build_model(cfg.model, torch.zeros(2, 8, dtype=torch.long), 11).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        traced = torch.jit.trace(model, torch.zeros(2, 8, dtype=torch.long))
+    tokens = torch.randint(0, 11, (3, 5))
+    torch.testing.assert_close(traced(tokens), model(tokens))
 
 
 def test_a_cnn_on_feature_rows_is_refused_with_the_fix():

@@ -58,7 +58,8 @@ class Block(nn.Module):
     def attend(self, x: Tensor) -> Tensor:
         n, t, w = x.shape
         # (N, T, 3W) -> (3, N, heads, T, W / heads): one query, key and value per head.
-        q, k, v = self.qkv(x).view(n, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(n, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # not tuple unpacking: a traced loop over a tensor warns
         # is_causal: position i attends to positions <= i only, so training on every position
         # at once never shows the model the token it is predicting.
         y = F.scaled_dot_product_attention(
@@ -114,7 +115,9 @@ class Transformer(nn.Module):
         if x.is_floating_point():
             raise ValueError("the transformer takes int64 token ids, not float features")
         t = x.shape[1]
-        if t > self.max_len:
+        # Under TorchScript's tracer the check would be frozen into the graph (and warns): an
+        # exported artifact's JSON states the positions it takes instead.
+        if not torch.jit.is_tracing() and t > self.max_len:
             raise ValueError(f"{t} tokens exceed model.max_len={self.max_len}")
         position = torch.arange(t, device=x.device)  # (T,)
         h = self.drop(self.tokens(x) + self.positions(position))  # (N, T, W)

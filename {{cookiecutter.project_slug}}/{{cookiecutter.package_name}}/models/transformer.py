@@ -115,8 +115,8 @@ class Transformer(nn.Module):
         if x.is_floating_point():
             raise ValueError("the transformer takes int64 token ids, not float features")
         t = x.shape[1]
-        # Under TorchScript's tracer the check would be frozen into the graph (and warns): an
-        # exported artifact's JSON states the positions it takes instead.
+        # Under torch.jit's tracer the check would be frozen into the graph (and warn): a
+        # traced model states the positions it takes elsewhere.
         if not torch.jit.is_tracing() and t > self.max_len:
             raise ValueError(f"{t} tokens exceed model.max_len={self.max_len}")
         position = torch.arange(t, device=x.device)  # (T,)

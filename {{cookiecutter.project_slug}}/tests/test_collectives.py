@@ -50,7 +50,7 @@ def grouped():
         yield fsdp.shard(lambda: deepcopy(net).to("meta"), lambda: net, train, CPU)
         # <<< fsdp
         # >>> !fsdp
-        distributed.join(CPU, store=torch.distributed.HashStore(), rank=0, world_size=1)
+        distributed.join_alone(CPU)
         yield net
         # <<< !fsdp
     finally:

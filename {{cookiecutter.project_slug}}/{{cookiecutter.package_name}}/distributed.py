@@ -99,6 +99,11 @@ def gloo_on_cuda() -> bool:
     return value == "gloo"
 
 
+def join_alone(device: torch.device, cpu_collectives: bool = False) -> None:
+    """A one-rank group for one process without torchrun."""
+    join(device, cpu_collectives, store=dist.HashStore(), rank=0, world_size=1)
+
+
 def teardown() -> None:
     """Leave the process group, and free it now, while the interpreter is fully alive.
 

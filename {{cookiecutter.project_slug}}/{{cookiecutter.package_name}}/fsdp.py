@@ -65,8 +65,7 @@ def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Mod
     if not dist.is_initialized():
         # One process without torchrun: a one-rank group, so that fsdp trains, saves and
         # resumes the same way on one process as on many (and reads their checkpoints).
-        alone = dict(store=dist.HashStore(), rank=0, world_size=1)
-        distributed.join(device, cpu_collectives=train.cpu_offload, **alone)
+        distributed.join_alone(device, cpu_collectives=train.cpu_offload)
     before = peak_memory(device)
     full = _on_rank_0(build_full)
     with torch.device("meta"):

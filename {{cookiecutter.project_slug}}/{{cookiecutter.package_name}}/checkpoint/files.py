@@ -21,13 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, CorruptCheckpoint, first_line, unreadable  # feature: fsdp
-from ..errors import (  # feature: !fsdp
-    CheckpointError,  # feature: !fsdp
-    CorruptCheckpoint,  # feature: !fsdp
-    first_line,  # feature: !fsdp
-    left_out,  # feature: !fsdp
-    unreadable,  # feature: !fsdp
-)  # feature: !fsdp
+from ..errors import CheckpointError, CorruptCheckpoint, first_line, left_out, unreadable  # feature: !fsdp
 from ..utils.locks import fsync_dir, temporary
 
 TRAINING_KEYS = ("model", "optimizer", "scheduler", "scaler", "progress", "config")

@@ -85,6 +85,15 @@ FEATURES = {
         "{package}/utils/tracker_mlflow.py",
         "tests/test_trackers.py",
     ),
+    "text": (
+        "{package}/data/text.py",
+        "{package}/data/text_table.py",
+        "{package}/tools/predict_text.py",
+        "configs/experiments/char_lm.yaml",
+        "configs/experiments/hf_text_classifier.yaml",
+        "tests/test_text.py",
+        "tests/test_hf_text.py",
+    ),
     "gpu_check": (
         "scripts/gpu_check.py",
         "scripts/gpu_checks",
@@ -103,9 +112,12 @@ PRESETS = {
 #   # >>> NAME ... # <<< NAME    or, in Markdown,    <!-- >>> NAME --> ... <!-- <<< NAME -->
 # and one line: a trailing `# feature: NAME` (or `<!-- feature: NAME -->`). The marks are
 # removed from every bake; the marked lines stay only when NAME is chosen (!NAME: only when
-# it is not, for the words that differ without it).
-FEATURE_MARK = re.compile(r"^\s*(?:#|<!--) (>>>|<<<) (!?\w+)(?: -->)?\s*$")
-LINE_MARK = re.compile(r"\s*(?:# feature: (!?\w+)|<!-- feature: (!?\w+) -->)\s*$")
+# it is not, for the words that differ without it; A|B: when either is, for what two
+# features share). Nested blocks: when each is.
+FEATURE_MARK = re.compile(r"^\s*(?:#|<!--) (>>>|<<<) (!?\w+(?:\|!?\w+)*)(?: -->)?\s*$")
+LINE_MARK = re.compile(
+    r"\s*(?:# feature: (!?\w+(?:\|!?\w+)*)|<!-- feature: (!?\w+(?:\|!?\w+)*) -->)\s*$"
+)
 ANY_LINE_MARK = re.compile(r"(?:#|<!--) feature: !?\w+")  # one not at the end is an error
 # Files that may hold marks (the others are not read).
 MARKED_SUFFIXES = {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".sh", ".cfg", ""}
@@ -119,14 +131,17 @@ def chosen_features(answers: dict) -> dict[str, bool]:
 
 
 def wanted(name: str, chosen: dict[str, bool]) -> bool:
-    """Whether lines marked `name` (a feature, or !feature) stay."""
+    """Whether lines marked `name` (a feature, !feature, or either of a|b) stay."""
+    if "|" in name:
+        return any(wanted(part, chosen) for part in name.split("|"))
     return not chosen[name[1:]] if name.startswith("!") else chosen[name]
 
 
 def known(name: str, chosen: dict[str, bool], where: str) -> str:
-    """`name`, if it is a feature (or !feature); else the template's error, raised."""
-    if name.lstrip("!") not in chosen:
-        raise ValueError(f"{where}: unknown feature {name!r}")
+    """`name`, if each of its parts is a feature (or !feature); else the template's error."""
+    for part in name.split("|"):
+        if part.lstrip("!") not in chosen:
+            raise ValueError(f"{where}: unknown feature {part!r}")
     return name
 
 

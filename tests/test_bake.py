@@ -180,6 +180,7 @@ EXPECTED = {
     "tests/test_finetune.py",
     "tests/test_zoo.py",
     "tests/test_hf.py",
+    "tests/test_hf_text.py",
     "tests/test_task_protocol.py",
     "tests/test_faults.py",
     "tests/test_resume.py",
@@ -314,6 +315,15 @@ FEATURE_FILES = {
         "PKG/utils/tracker_mlflow.py",
         "tests/test_trackers.py",
     },
+    "text": {
+        "PKG/data/text.py",
+        "PKG/data/text_table.py",
+        "PKG/tools/predict_text.py",
+        "configs/experiments/char_lm.yaml",
+        "configs/experiments/hf_text_classifier.yaml",
+        "tests/test_text.py",
+        "tests/test_hf_text.py",
+    },
     "gpu_check": {
         "scripts/gpu_check.py",
         *(f"scripts/gpu_checks/{name}.py" for name in ("__init__", "common", "numerics")),
@@ -338,6 +348,12 @@ FEATURE_TRACES = {
     ),
     "sweeps": re.compile(r"sweep|optuna", re.IGNORECASE),
     "trackers": re.compile(r"wandb|mlflow|mlruns", re.IGNORECASE),
+    # text's words: reading and generating text, Hugging Face text classifiers. A language
+    # model on token ids (the transformer, task.name=language_model) is in every project.
+    "text": re.compile(
+        r"TextChars|TextTable|text_table|predict_text|HFText|tokenizer|char_lm|hf_text|tickets"
+        r"|--prompt|data\.name=text\b|\bBERT\b"
+    ),
     "gpu_check": re.compile(r"gpu[ _-]?checks?|benchmark_gpu", re.IGNORECASE),
 }
 # The one place a project names what it was generated without: errors.LEFT_OUT, the table of

@@ -100,10 +100,26 @@ def test_marked_lines_stay_only_with_their_feature_and_no_mark_stays(post):
     assert post.keep_marked_lines(with_it, {"gpu_check": False}) == with_it  # nothing left
 
 
+EITHER = """# >>> !fsdp|!text
+either left out
+# <<< !fsdp|!text
+shared = 1  # feature: fsdp|text
+"""
+
+
+@pytest.mark.parametrize("fsdp", [True, False])
+@pytest.mark.parametrize("text", [True, False])
+def test_a_mark_of_two_features_keeps_its_lines_where_either_holds(post, fsdp, text):
+    kept = post.keep_marked_lines(EITHER, {"fsdp": fsdp, "text": text}).splitlines()
+    assert ("either left out" in kept) == (not fsdp or not text)
+    assert ("shared = 1" in kept) == (fsdp or text)
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
         ("# >>> nope\nx\n# <<< nope\n", "unknown feature 'nope'"),
+        ("x = 1  # feature: gpu_check|nope\n", "unknown feature 'nope'"),
         ("x = 1  # feature: nope\n", "unknown feature 'nope'"),
         ("# >>> gpu_check\nx\n", "block '>>> gpu_check' is not closed"),
         ("x\n# <<< gpu_check\n", "'<<< gpu_check' closes no open block"),

@@ -1,5 +1,6 @@
 """The baked project's pretrained-model tests (tests/test_zoo.py: torchvision and timm;
-tests/test_hf.py: transformers) with the real libraries, in an environment of their own:
+tests/test_hf.py, test_hf_text.py: transformers) with the real libraries, in an environment of
+their own:
 torchvision is built for one torch release, and the one that installs here (0.29.1) needs
 torch 2.14.1, not the 2.13.0 CPU build the rest of CI uses. REQUIRE_EXTRAS makes a library
 that fails to import a failure, never a skip.
@@ -27,7 +28,8 @@ PACKAGES += ["safetensors", "onnx", "onnxscript", "onnxruntime", "transformers",
 PACKAGES += ["pytest-xdist"]
 # The zoo's own tests, and the pairwise suite's cases of its two task values (cls-images-timm,
 # cls-text-hf: tests/pairwise.py adds them where the libraries are installed).
-SELECTION = ["tests/test_zoo.py", "tests/test_hf.py", "tests/test_combinations.py"]
+SELECTION = ["tests/test_zoo.py", "tests/test_hf.py", "tests/test_hf_text.py"]
+SELECTION += ["tests/test_combinations.py"]
 ZOO_CASES = "not test_combination or timm or hf"
 
 

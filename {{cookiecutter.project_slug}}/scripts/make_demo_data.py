@@ -4,9 +4,9 @@ configs in configs/experiments/ and for trying the data formats before using you
     python scripts/make_demo_data.py              # all of them
     python scripts/make_demo_data.py csv          # only data/demo/*.csv (regression, classes,
                                                   # classes_test, imbalanced, multilabel)
-    python scripts/make_demo_data.py text         # only data/demo/text.txt
+    python scripts/make_demo_data.py text         # only data/demo/text.txt  # feature: text
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
-    python scripts/make_demo_data.py tickets      # only data/demo/tickets.csv (text, label)
+    python scripts/make_demo_data.py tickets      # only data/demo/tickets.csv (text, label)  # feature: text
     python scripts/make_demo_data.py --out /tmp/demo csv
 
 Each is seeded: the same files every time.
@@ -15,7 +15,7 @@ Each is seeded: the same files every time.
 from __future__ import annotations
 
 import csv
-import random
+import random  # feature: text
 import sys
 from pathlib import Path
 
@@ -103,6 +103,7 @@ def _table(path: Path, columns: list[str], x: torch.Tensor, label: str, y: list)
     return path
 
 
+# >>> text
 def write_text(out: Path) -> list[Path]:
     """text.txt: ~150 KB of sentences from a small grammar (subject, verb, object, place, with
     number agreement), for character-level language modelling. Words and the grammar are
@@ -151,6 +152,7 @@ def write_text(out: Path) -> list[Path]:
     return [path]
 
 
+# <<< text
 def write_images(out: Path) -> list[Path]:
     """images/<class>/NNN.png: 480 noisy gratings of 32x32 pixels in 6 classes (orientation
     and colour tell them apart), the image_folder layout with one pool of images."""
@@ -170,6 +172,7 @@ def write_images(out: Path) -> list[Path]:
     return [folder]
 
 
+# >>> text
 def write_tickets(out: Path) -> list[Path]:
     """tickets.csv: 1,200 support tickets (a text column, a label column) in 3 classes, for a
     text classifier (hf_text_classifier.yaml). The words of each class overlap: a model must
@@ -195,9 +198,11 @@ def write_tickets(out: Path) -> list[Path]:
     with path.open("w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([["text", "label"], *rows])
     return [path]
+# <<< text
 
 
-WRITERS = {"csv": write_csv, "images": write_images, "text": write_text, "tickets": write_tickets}
+WRITERS = {"csv": write_csv, "images": write_images, "text": write_text, "tickets": write_tickets}  # feature: text
+WRITERS = {"csv": write_csv, "images": write_images}  # feature: !text
 
 
 def main(argv: list[str] | None = None) -> int:

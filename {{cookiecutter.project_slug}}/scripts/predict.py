@@ -4,10 +4,11 @@ r"""Predict with a trained checkpoint; the preprocessing comes from the checkpoi
     python scripts/predict.py --checkpoint checkpoints/default/best.pt photos/ img.png
     python scripts/predict.py --checkpoint checkpoints/default/best.pt x.pt    # {"x": (N, ...)}
     python scripts/predict.py --checkpoint checkpoints/default/best.pt --split val --out val.csv
-    python scripts/predict.py --checkpoint checkpoints/lm/best.pt --prompt "Once" --tokens 200
+    python scripts/predict.py --checkpoint checkpoints/lm/best.pt --prompt "Once" --tokens 200  # feature: text
 
 Writes one CSV row per input (id, predicted class and probability, or values; the label when
-the input has one), or prints the generated text; under the checkpoint's train.amp, as
+the input has one), or prints the generated text; under the checkpoint's train.amp, as  # feature: text
+the input has one); under the checkpoint's train.amp, as  # feature: !text
 evaluate.py (--amp off: fp32). --out is never a run's checkpoint or record nor an input; an
 existing file there is replaced only when it is an earlier prediction CSV, or with --force.
 Exit codes: 0 done, 2 bad input, 75 stopped by SIGTERM before writing (130: Ctrl-C).

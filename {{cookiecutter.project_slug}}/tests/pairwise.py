@@ -21,14 +21,15 @@ AXES: dict[str, list] = {
         "cls-csv-mlp",
         "cls-images-cnn",
         "reg-csv-mlp",
-        "lm-text",
+        "lm-text",  # feature: text
         "cls-imbalanced-mlp",  # class weights auto, best.pt by macro-F1, a tuned threshold
         "ml-tags-mlp",  # multi-label: pos_weight auto, best.pt by mAP, tuned thresholds
         # Pretrained models, where their libraries are installed (the template's CI runs
         # these cases in the zoo environment of tests/test_zoo.py): a timm model on images
-        # and a Hugging Face BERT on text, each frozen for its first epoch.
+        # and a Hugging Face BERT on text, each frozen for its first epoch.  # feature: text
+        # frozen for its first epoch.  # feature: !text
         *(["cls-images-timm"] if importlib.util.find_spec("timm") else []),
-        *(["cls-text-hf"] if importlib.util.find_spec("transformers") else []),
+        *(["cls-text-hf"] if importlib.util.find_spec("transformers") else []),  # feature: text
     ],
     # How the model is wrapped, and on how many ranks (two: torchrun, gloo on the CPU). Two
     # axes, not one: every task then needs one two-rank case, not one per strategy.

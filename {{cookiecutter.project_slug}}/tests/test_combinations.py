@@ -107,6 +107,7 @@ def family_args(task: str, data: Path) -> list[str]:
             f"data.path={data / 'regression.csv'}",
             "model.width=16",
         ],
+        # >>> text
         "lm-text": [
             "--config",
             str(CONFIGS / "char_lm.yaml"),
@@ -117,6 +118,7 @@ def family_args(task: str, data: Path) -> list[str]:
             "model.heads=2",
             "model.max_len=16",
         ],
+        # <<< text
     }[task]
 
 
@@ -140,11 +142,12 @@ def timm_args(data: Path) -> list[str]:
     ]
 
 
+# >>> text
 def hf_args(data: Path) -> list[str]:
     """A 2-layer BERT and its tokenizer, made here as a save_pretrained folder."""
     folder = data / "bert"
     if not folder.exists():
-        from test_hf import texts_of, tiny_bert
+        from test_hf_text import texts_of, tiny_bert
 
         staged = tiny_bert(data / f".bert.{os.getpid()}", texts_of(data / "tickets.csv"))
         with contextlib.suppress(OSError):  # another worker's folder got there first
@@ -159,7 +162,9 @@ def hf_args(data: Path) -> list[str]:
     ]
 
 
-ZOO_FAMILIES = {"cls-images-timm": timm_args, "cls-text-hf": hf_args}
+# <<< text
+ZOO_FAMILIES = {"cls-images-timm": timm_args, "cls-text-hf": hf_args}  # feature: text
+ZOO_FAMILIES = {"cls-images-timm": timm_args}  # feature: !text
 
 COMMON = [
     "train.batch_size=16",
@@ -229,7 +234,8 @@ def _own_compile_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def data(demo_root, tmp_path_factory) -> Path:
     """The demo data, cut down: 400 table rows (800 of the imbalanced one: 80 positives),
-    6,000 characters of text, the 480 images (a copy of the session's demo data: the fast
+    6,000 characters of text, the 480 images (a copy of the session's demo data: the fast  # feature: text
+    the 480 images (a copy of the session's demo data: the fast  # feature: !text
     tests have made it already)."""
     root = tmp_path_factory.mktemp("combination-data") / "demo"
     shutil.copytree(demo_root / "data" / "demo", root)
@@ -237,9 +243,11 @@ def data(demo_root, tmp_path_factory) -> Path:
     for name, rows in [*tables, ("multilabel.csv", 400)]:
         lines = (root / name).read_text().splitlines(keepends=True)
         (root / name).write_text("".join(lines[: rows + 1]))
+    # >>> text
     (root / "text.txt").write_text((root / "text.txt").read_text()[:6000])
     lines = (root / "tickets.csv").read_text().splitlines(keepends=True)
     (root / "tickets.csv").write_text("".join(lines[:301]))
+    # <<< text
     return root
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, TINY, lm_overrides, tiny_with
+from conftest import CONFIGS, TINY, lm_overrides, tiny_with  # feature: text
+from conftest import CONFIGS, TINY, tiny_with  # feature: !text
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
@@ -138,7 +139,7 @@ def test_a_table_without_the_trained_columns_is_one_line(demo_data, tiny, tmp_pa
     assert code == 2 and "lacks the feature column 'f2'" in err and len(err.splitlines()) == 1
     (tmp_path / "notes.txt").write_text("hi")
     assert predict_main(["--checkpoint", best, str(tmp_path / "notes.txt")]) == 2
-    assert predict_main(["--checkpoint", best, "--prompt", "hi"]) == 2
+    assert predict_main(["--checkpoint", best, "--prompt", "hi"]) == 2  # feature: text
     assert "unknown file type" in capsys.readouterr().err
 
 
@@ -163,6 +164,7 @@ def test_image_files_match_evaluate(tiny, tmp_path):
     assert len(rows) == 16 and accuracy(rows) == pytest.approx(acc)
 
 
+# >>> text
 def test_a_prompt_is_continued_with_the_checkpoint_vocabulary(tiny, tmp_path, capsys):
     (tmp_path / "t.txt").write_text("abcab" * 400)
     best = best_of(tiny_with(tiny, *lm_overrides(tmp_path, tmp_path / "t.txt")))
@@ -171,6 +173,7 @@ def test_a_prompt_is_continued_with_the_checkpoint_vocabulary(tiny, tmp_path, ca
     text = capsys.readouterr().out.strip()
     assert code == 0 and text.startswith("ab") and len(text) == 7 and set(text) <= set("abc")
     assert predict_main(["--checkpoint", best, "--prompt", "xyz"]) == 2
+# <<< text
 
 
 # Bad inputs: each is refused before the model runs, on one line naming the input and the fix;
@@ -267,6 +270,7 @@ BAD_OPTIONS = [
     (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
     (["--device", "cuda:x"], "--device must be auto, cpu, cuda, cuda:N or mps"),
     (["--split", "val", "good.csv"], "--split val reads the run's own split: leave out"),
+    # >>> text
     (["--prompt", "ab", "--temperature", "nan"], "--temperature must be >= 0"),
     (["--prompt", "ab", "--temperature", "-1"], "--temperature must be >= 0"),
     (["good.csv", "--temperature", "nan"], "--temperature must be >= 0"),  # checked, if unused
@@ -274,6 +278,7 @@ BAD_OPTIONS = [
     (["--prompt", "ab", "--tokens", "-1"], "--tokens must be >= 0"),
     (["--prompt", "ab", "good.csv"], "--prompt continues text: leave out"),
     (["--prompt", "ab", "--split", "val"], "--prompt continues text: leave out --split val"),
+    # <<< text
     (["--split", "val", "--amp", "fp16"], "--amp=fp16 needs a GPU; use --amp=bf16 on CPU"),
 ]
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: text
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
@@ -180,6 +180,7 @@ def test_an_image_folders_test_subfolder_is_held_out_and_not_a_class(tmp_path, c
     assert scored["count"] == 6
 
 
+# >>> text
 def test_a_test_text_is_read_with_the_training_vocabulary(tmp_path, capsys):
     text = "the cat sat on the mat. " * 40
     (tmp_path / "train.txt").write_text(text)
@@ -207,3 +208,4 @@ def test_a_test_text_is_read_with_the_training_vocabulary(tmp_path, capsys):
     (tmp_path / "new.txt").write_text("a dog on a log. " * 10)  # d, g: not in training
     with pytest.raises(ConfigError, match="the character 'd', which the training text"):
         fit(load_config(None, [*args, f"data.test_path={tmp_path / 'new.txt'}", "run.name=x"]))
+# <<< text

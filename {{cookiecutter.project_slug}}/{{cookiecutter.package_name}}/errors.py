@@ -57,6 +57,9 @@ LEFT_OUT: dict[str, str] = {}
 # >>> !fsdp
 LEFT_OUT |= {"train.strategy=fsdp": "fsdp", "train.cpu_offload": "fsdp", "shards": "fsdp"}
 # <<< !fsdp
+# >>> !text
+LEFT_OUT |= dict.fromkeys(("data.name=text", "data.name=text_table", "model.name=hf"), "text")
+# <<< !text
 
 
 def left_out(key: str, subject: str = "") -> str:

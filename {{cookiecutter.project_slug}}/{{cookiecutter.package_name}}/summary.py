@@ -108,17 +108,22 @@ def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
         commands["test"] = ["scripts/evaluate.py", "--checkpoint", ckpt, "--split", "test"]
     if cfg.task.name != "language_model":
         commands["predict"] += ["--out", run_dir / "predictions.csv"]
+    else:  # feature: !text
+        del commands["predict"]  # generating from it is another option's  # feature: !text
     return {k: shlex.join(["python", *map(str, v)]) for k, v in commands.items()}
 
 
 def _predict_input(cfg: Config, meta: dict) -> list[str]:
-    """Inputs that this run's data offers for scripts/predict.py: a prompt, its CSV table,
+    """Inputs that this run's data offers for scripts/predict.py: a prompt, its CSV table,  # feature: text
+    """Inputs that this run's data offers for scripts/predict.py: its CSV table,  # feature: !text
     its tensor file, else its validation split."""
     opts = cfg.data.options
+    # >>> text
     vocab = meta.get("vocab") or meta.get("vocabulary")
     if cfg.task.name == "language_model" and vocab:
         prompt = "".join(c for c in vocab if c.isalpha())[:1] or vocab[0]
         return ["--prompt", prompt, "--tokens", "200"]
+    # <<< text
     if cfg.data.name == "csv":
         return [getattr(opts, "val_path", "") or opts.path]
     if cfg.data.name == "tensors":

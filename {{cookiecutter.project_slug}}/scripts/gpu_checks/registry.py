@@ -77,7 +77,7 @@ CUDA_PATHS = {
     "inference": (
         "evaluate.py and predict.py --device cuda on a CUDA checkpoint",
         (
-            "tools/predict.py:check_options",
+            "tools/inference.py:device_option",
             "tools/predict.py:predict_main",
             "tools/predict.py:_parser",
         ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import LEFT_OUT, ConfigError, left_out
 from ..utils.metrics import direction
 from ..utils.trackers import TRACKERS
 from .text import did_you_mean
@@ -158,6 +158,8 @@ def components(section: str) -> dict:
 def options_type(section: str, name: str) -> type:
     """The Options dataclass of component `name` of `section`; ConfigError for unknown names."""
     registry = components(section)
+    if name not in registry and f"{section}.name={name}" in LEFT_OUT:  # a fuller project's
+        raise ConfigError(left_out(f"{section}.name={name}"))
     if name not in registry:
         raise ConfigError(
             f"{section}.name={name!r} is not one of the registered choices "

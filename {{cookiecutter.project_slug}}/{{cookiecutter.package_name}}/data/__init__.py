@@ -39,8 +39,8 @@ from .sampler import ShardedSampler, train_labels
 from .synthetic import SyntheticGratings
 from .targets import target_stats
 from .tensor_files import TensorFiles
-from .text import TextChars
-from .text_table import TextTable
+from .text import TextChars  # feature: text
+from .text_table import TextTable  # feature: text
 
 # Tells the loaders' seeds (seed, rank, LOADER_STREAM) from the ranks' (seed, rank) and the
 # samples' (seed, epoch, index): b"loader" as a number, beyond any epoch or index.
@@ -51,15 +51,16 @@ DATASETS = {
     "tensors": TensorFiles,
     "csv": CSVTable,
     "image_folder": ImageFolder,
-    "text": TextChars,
-    "text_table": TextTable,  # texts to classify, with a Hugging Face tokenizer
+    "text": TextChars,  # feature: text
+    "text_table": TextTable,  # texts to classify, with a Hugging Face tokenizer  # feature: text
 }
 
 
 def build_datasets(cfg, targets: str, meta=None, like=None, prep: dict | None = None):
     """(train, val, meta) for cfg (the config's data section): the dataset's own splits, or a
-    held-out part of its one pool, or k folds. `targets` ("class", "value", "tokens") is what
-    the task needs; `meta` (from a checkpoint) makes evaluation use the training run's
+    held-out part of its one pool, or k folds. `targets` ("class", "value", "labels",
+    "tokens") is what the task needs; `meta` (from a checkpoint) makes evaluation use the
+    training run's
     preprocessing and split. `like`: the meta of a checkpoint that a run resumes or
     fine-tunes, whose inputs these must match (`meta` where given; see match_inputs). `prep`:
     a pretrained model's preprocessing, for the options left at auto (models.preprocessing)."""
@@ -111,7 +112,8 @@ def build_test_set(
         if option is None:
             raise ConfigError(
                 f"data.name={cfg.name} reads no other labelled file; evaluate.py --data is "
-                "for CSV tables, text files and image folders"
+                "for CSV tables, text files and image folders"  # feature: text
+                "for CSV tables and image folders"  # feature: !text
             )
         opts = replace(opts, **{option: path})
     if not getattr(source, "has_test_split", lambda _: False)(opts):

@@ -22,7 +22,8 @@ from torch import nn
 from ..config.text import did_you_mean
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
-from .hf import HFImage, HFText
+from .hf import HFImage, HFText  # feature: text
+from .hf import HFImage  # feature: !text
 from .mlp import MLP
 from .transformer import Transformer
 from .zoo import Timm, Torchvision
@@ -33,8 +34,9 @@ MODELS = {
     "transformer": Transformer,
     "timm": Timm,  # pretrained zoo models (optional libraries): models/zoo.py
     "torchvision": Torchvision,
-    "hf": HFText,  # Hugging Face sequence classifiers: models/hf.py
-    "hf_image": HFImage,  # and image classifiers
+    "hf": HFText,  # Hugging Face sequence classifiers: models/hf.py  # feature: text
+    "hf_image": HFImage,  # and image classifiers  # feature: text
+    "hf_image": HFImage,  # Hugging Face image classifiers: models/hf.py  # feature: !text
 }
 
 
@@ -124,8 +126,8 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 def model_io(example: torch.Tensor, num_outputs: int, dataset=None) -> dict:
     """What the model takes and gives, saved in checkpoints ("io"): the tools
-    rebuild the model from it without the training data. A dataset of texts of their own
-    lengths (`variable_length`) gives -1 for the length: any length up to the maximum."""
+    rebuild the model from it without the training data. A dataset whose samples have their
+    own lengths (`variable_length`) gives -1 for the length: any length up to the maximum."""
     shape = list(example.shape[1:])
     if getattr(dataset, "variable_length", False):
         shape[-1] = -1

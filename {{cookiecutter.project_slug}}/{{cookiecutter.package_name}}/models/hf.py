@@ -1,18 +1,35 @@
+# >>> text
 """Hugging Face transformers classifiers of text (model.name=hf) and images (hf_image), by
 hub id or save_pretrained folder.
 
     model:
       name: hf
       arch: prajjwal1/bert-tiny   # a hub id, or a folder save_pretrained wrote
+# <<< text
+# >>> !text
+"""Hugging Face transformers classifiers of images (model.name=hf_image), by hub id or
+save_pretrained folder.
+
+    model:
+      name: hf_image
+      arch: google/vit-base-patch16-224  # a hub id, or a folder save_pretrained wrote
+# <<< !text
       pretrained: true            # its weights (false: the same config from random init)
       weights: ""                 # a save_pretrained folder to read instead of `arch`
 
 The classification head (`classifier` or `score`) is built for the task's classes, the rest is
+# >>> text
 loaded. Inputs are token ids (N, T) padded with the tokenizer's pad id, which the attention
 mask leaves out; data.name=text_table tokenises with this model's tokenizer (data.tokenizer:
 auto). model.name=hf_image takes images (data.name=image_folder) read as its image processor
 says (size, crop, resampling, mean and std: the data's auto). Offline: a folder
 (save_pretrained's model and tokenizer or image processor files) as arch or weights;
+# <<< text
+# >>> !text
+loaded. It takes images (data.name=image_folder) read as its image processor says (size,
+crop, resampling, mean and std: the data's auto). Offline: a folder (save_pretrained's model
+and image processor files) as arch or weights;
+# <<< !text
 HF_HUB_OFFLINE=1 keeps the hub client from retrying. The tools that read a checkpoint
 rebuild the architecture from its config.json (the folder, or the hub's cache): the weights and
 the preprocessing come from the checkpoint. Install: pip install -e '.[hf]'.
@@ -57,6 +74,7 @@ class HF(Zoo):
         return next(getattr(self.net, name) for name in HEADS if hasattr(self.net, name))
 
 
+# >>> text
 class HFText(HF):
     """AutoModelForSequenceClassification for the task's outputs, on token ids."""
 
@@ -78,6 +96,7 @@ class HFText(HF):
         """The text data's tokenizer: the model's own (its folder or hub id)."""
         require("transformers", "hf")
         return {"tokenizer": opts.weights or opts.arch}
+# <<< text
 
 
 class HFImage(HF):

@@ -81,7 +81,8 @@ class Transformer(nn.Module):
         if len(input_shape) != 1:
             raise ValueError(
                 f"the transformer takes token ids (N, T); samples of shape {input_shape} are "
-                "not sequences of tokens (use data.name=text)"
+                "not sequences of tokens (use data.name=text)"  # feature: text
+                "not sequences of tokens (use token ids: docs/data.md)"  # feature: !text
             )
         if input_shape[0] > opts.max_len:
             raise ValueError(

@@ -28,7 +28,8 @@ class LanguageModel:
         if not self.num_outputs:
             raise ConfigError(
                 "task.name=language_model needs token data with a vocab_size; use "
-                "data.name=text or a dataset of token ids"
+                "data.name=text or a dataset of token ids"  # feature: text
+                "data.name=tensors with int64 x and y of the same shape (token ids)"  # feature: !text
             )
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

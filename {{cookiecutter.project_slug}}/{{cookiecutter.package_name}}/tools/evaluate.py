@@ -37,7 +37,8 @@ def evaluate_main(argv: list[str] | None = None) -> int:
         "--data",
         metavar="FILE",
         help="score another labelled file instead (a CSV table with the checkpoint's columns "
-        "and label, a text file, a folder of class folders)",
+        "and label, a text file, a folder of class folders)",  # feature: text
+        "and label, a folder of class folders)",  # feature: !text
     )
     args = parser.parse_args(argv)
 
@@ -138,7 +139,8 @@ def _scored_split(trained, split: str, data: str | None):
 
 def held_out(trained, data: str | None):
     """The run's test split, or the labelled file `data`, read as the checkpoint's model reads
-    its inputs (columns by name, its normalisation, classes and vocabulary)."""
+    its inputs (columns by name, its normalisation, classes and vocabulary)."""  # feature: text
+    its inputs (columns by name, its normalisation and classes)."""  # feature: !text
     from ..data import build_test_set
     from ..data.held_out import check_test_split
     from ..tasks import TASKS
@@ -159,7 +161,8 @@ def held_out(trained, data: str | None):
     if scored is None:
         raise ConfigError(
             f"checkpoint {trained.path!r} records no test split and the config sets none; "
-            "give one with data.test_path=FILE (tables, text) or <root>/test/ (image folders), "
+            "give one with data.test_path=FILE (tables, text) or <root>/test/ (image folders), "  # feature: text
+            "give one with data.test_path=FILE (tables) or <root>/test/ (image folders), "  # feature: !text
             "or score a labelled file with --data FILE"
         )
     if data is None:

@@ -13,7 +13,8 @@ evaluate.py does), and the largest absolute difference of the outputs must stay 
 `atol`. Only an artifact that passed replaces the previous one: it is written in memory,
 then to a hidden folder beside the target (.<name>.tmp<pid>/; one a killed export left is
 removed by the next), fsynced, checked and renamed over it, its JSON after it (what goes in
-and comes out, classes or vocabulary, task, format, parity result). The target follows
+and comes out, classes or vocabulary, task, format, parity result). The target follows  # feature: text
+and comes out, classes, task, format, parity result). The target follows  # feature: !text
 outputs.check_out: never a run's checkpoint or record; an existing file only where it is an
 earlier export (its JSON names it), or with --force.
 
@@ -41,7 +42,8 @@ from ..errors import UserError, first_line
 from . import cli, outputs
 from .formats import EXPORTERS, ExportError, quiet, run_artifact, write_bytes
 from .inference import Trained, load_trained, validation_inputs
-from .serving import TOKENIZER_SUFFIX, Serving, contract, parity_inputs, serving_model
+from .serving import TOKENIZER_SUFFIX, Serving, contract, parity_inputs, serving_model  # feature: text
+from .serving import Serving, contract, parity_inputs, serving_model  # feature: !text
 
 SUFFIXES = {"torchscript": ".torchscript.pt", "export": ".pt2", "onnx": ".onnx"}
 ALTERNATIVES = {"torchscript": "export", "export": "torchscript", "onnx": "export"}
@@ -74,9 +76,11 @@ def export(
     example = x[:2] if len(x) >= 2 else torch.cat([x, x])  # batch 2: not specialised to 1
     with _writing(path) as staged:
         _export(fmt, trained, model, example, staged / path.name)
+        # >>> text
         if "tokenizer" in trained.meta:  # what turns text into the artifact's token ids
             tokenizer = trained.meta["tokenizer"].encode()
             write_bytes(staged / f"{path.name}{TOKENIZER_SUFFIX}", tokenizer)
+        # <<< text
         with torch.no_grad():
             got = [run_artifact(fmt, staged / path.name, v) for v in inputs]
         parity: dict = {"inputs": source, "samples": len(x), "atol": atol}
@@ -110,8 +114,9 @@ def _written(path: Path, fmt: str) -> list[Path]:
     """The files an export to `path` writes (or removes): the artifact, its JSON, and the
     weights file of a large ONNX model."""
     data = [path.with_name(f"{path.name}.data")] if fmt == "onnx" else []
-    tokenizer = path.with_name(f"{path.name}{TOKENIZER_SUFFIX}")  # a text model's
-    return [path, path.with_name(f"{path.name}.json"), *data, tokenizer]
+    tokenizer = path.with_name(f"{path.name}{TOKENIZER_SUFFIX}")  # a text model's  # feature: text
+    return [path, path.with_name(f"{path.name}.json"), *data, tokenizer]  # feature: text
+    return [path, path.with_name(f"{path.name}.json"), *data]  # feature: !text
 
 
 def _export(fmt: str, trained: Trained, model: nn.Module, example, path: Path) -> None:
@@ -220,7 +225,7 @@ def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
         "num_outputs": trained.io["num_outputs"],
         "classes": trained.classes,
         **_decision(trained),
-        "vocab": trained.meta.get("vocab"),
+        "vocab": trained.meta.get("vocab"),  # feature: text
         **contract(trained),
         "parity": parity,
         "torch": str(torch.__version__),

@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from ..models import architecture, build_model, example_of, model_io
 from ..tasks import TASKS, build_task
 from ..trainer import build_data
-from ..utils.device import check_amp
+from ..utils.device import check_amp, resolve_device
 
 
 @dataclass
@@ -91,6 +91,17 @@ def validation_set(trained: Trained):
 def validation_inputs(trained: Trained, n: int) -> torch.Tensor:
     """Up to `n` validation inputs as one batch."""
     return example_inputs(validation_set(trained), n)
+
+
+def device_option(device: str) -> torch.device:
+    """The device a tool's --device names (auto, cpu, cuda, cuda:N, mps), or one line."""
+    index = device.removeprefix("cuda:")
+    if device not in ("auto", "cpu", "cuda", "mps") and not (device != index and index.isdigit()):
+        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+    try:
+        return resolve_device(device)
+    except ConfigError as exc:  # its message names the config key; here it is the option
+        raise ConfigError(str(exc).replace("run.device", "--device")) from None
 
 
 def inference_amp(

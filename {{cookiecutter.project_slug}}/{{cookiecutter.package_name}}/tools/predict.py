@@ -9,9 +9,9 @@ checkpoint's data meta (never the current config):
   models trained on tensor files or synthetic data (no input statistics to apply);
 - images (.png, .jpg, ... or a folder of them, Pillow): RGB, resized to meta["image_size"],
   scaled to [0, 1] and normalised with meta["mean"] / meta["std"];
-- `split="val"`: the training run's validation split, rebuilt like evaluate.py does;
-- a text prompt for a language model: encoded with meta["vocab"], continued by
-  model.generate.
+- `split="val"`: the training run's validation split, rebuilt like evaluate.py does.  # feature: !text
+- `split="val"`: the training run's validation split, rebuilt like evaluate.py does;  # feature: text
+- a text prompt for a language model (--prompt): predict_text.generate continues it.  # feature: text
 
 Every input is read and checked (check_inputs) before the model runs: against the
 checkpoint's io (sample shape, float or integer inputs) and meta (columns, classes). NaN or
@@ -31,39 +31,28 @@ from __future__ import annotations
 
 import csv
 import io as text_io
-import math
 import sys
 from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError  # feature: text
+from ..errors import ConfigError  # feature: !text
 from ..utils import locks
-from ..utils.device import autocast, resolve_device
+from ..utils.device import autocast
 from . import cli, outputs
-from .inference import Trained, inference_amp, load_trained
+from .inference import Trained, device_option, inference_amp, load_trained
 from .predict_inputs import check_inputs, read_csv
+from .predict_text import check_sampling, generate  # feature: text
 
-__all__ = ["check_inputs", "check_options", "generate", "predict", "predict_main", "read_csv"]
+__all__ = ["check_inputs", "check_options", "predict", "predict_main", "read_csv"]
 
 
-def check_options(
-    batch_size: int = 1, device: str = "auto", temperature: float = 1.0, top_k: int = 0
-) -> torch.device:
+def check_options(batch_size: int = 1, device: str = "auto") -> torch.device:
     """Refuse option values that cannot run (as the config refuses run.device); the device."""
     if batch_size <= 0:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 picks the likeliest), got {temperature}")
-    if top_k < 0:
-        raise ConfigError(f"--top-k must be >= 0 (0 samples among all), got {top_k}")
-    index = device.removeprefix("cuda:")
-    if device not in ("auto", "cpu", "cuda", "mps") and not (device != index and index.isdigit()):
-        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
-    try:
-        return resolve_device(device)
-    except ConfigError as exc:  # its message names the config key; here it is the option
-        raise ConfigError(str(exc).replace("run.device", "--device")) from None
+    return device_option(device)
 
 
 @torch.inference_mode()
@@ -123,7 +112,13 @@ def predict(
     target = check_options(batch_size, device)
     trained = load_trained(checkpoint)
     if trained.cfg.task.name == "language_model":
-        raise ConfigError(f"checkpoint {checkpoint!r} is a language model: pass --prompt TEXT")
+        raise ConfigError(f"checkpoint {checkpoint!r} is a language model: pass --prompt TEXT")  # feature: text
+        # >>> !text
+        raise ConfigError(
+            f"checkpoint {checkpoint!r} is a language model: it predicts no rows of outputs; "
+            "score it with evaluate.py"
+        )
+        # <<< !text
     amp = inference_amp(trained, target, amp)
     sources = check_inputs(trained, inputs, split)
     if out:  # after the inputs, so that a bad one is named first; before the model runs
@@ -152,45 +147,11 @@ def predict(
     return {"rows": len(table), "accuracy": correct / labelled if labelled else None, "amp": amp}
 
 
-def generate(
-    checkpoint: str,
-    prompt: str,
-    tokens: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    device: str = "auto",
-    amp: str | None = None,
-) -> str:
-    """The prompt continued by `tokens` tokens of the checkpoint's language model, under
-    `amp` (None: the checkpoint's train.amp)."""
-    if tokens < 0:
-        raise ConfigError(f"--tokens must be >= 0, got {tokens}")
-    target = check_options(device=device, temperature=temperature, top_k=top_k)
-    trained = load_trained(checkpoint)
-    vocab = trained.meta.get("vocab") or trained.meta.get("vocabulary")
-    if not vocab or not hasattr(trained.model, "generate"):
-        raise ConfigError(
-            f"checkpoint {checkpoint!r} is not a language model with a vocabulary and "
-            "generate(); --prompt needs one (other models take files)"
-        )
-    index = {token: i for i, token in enumerate(vocab)}
-    unknown = next((c for c in prompt if c not in index), None)
-    if unknown is not None or not prompt:
-        what = f"the character {unknown!r}, which the model's vocabulary lacks" if prompt else ""
-        raise ConfigError(
-            f"--prompt holds {what or 'nothing'}; use characters of its training text "
-            f"({''.join(vocab)[:60]!r})"
-        )
-    idx = torch.tensor([[index[c] for c in prompt]], device=target)
-    with autocast(target, inference_amp(trained, target, amp)):
-        out = trained.model.to(target).generate(idx, tokens, temperature=temperature, top_k=top_k)
-    return "".join(vocab[i] for i in out[0].tolist())
-
-
 def _parser() -> cli.Parser:
-    parser = cli.Parser(
-        description="Predict with a checkpoint: a CSV of predictions, or generated text."
-    )
+    parser = cli.Parser(  # feature: text
+        description="Predict with a checkpoint: a CSV of predictions, or generated text."  # feature: text
+    )  # feature: text
+    parser = cli.Parser(description="Predict with a checkpoint: a CSV of predictions.")  # feature: !text
     parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV, .pt, images, folders")
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
     parser.add_argument("--split", choices=["val"], help="the run's own validation split")
@@ -207,10 +168,12 @@ def _parser() -> cli.Parser:
         choices=["off", "bf16", "fp16"],
         help="mixed precision (default: the checkpoint's train.amp, as evaluate.py uses)",
     )
+    # >>> text
     parser.add_argument("--prompt", help="language models: text to continue")
     parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 picks the likeliest")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest")
+    # <<< text
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     return parser
 
@@ -219,9 +182,10 @@ def predict_main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
 
     def run() -> int:
+        # >>> text
         # Every option is checked, used or not: a nan given for --prompt's sampling must not
         # pass silently because this checkpoint predicts rows instead.
-        check_options(temperature=args.temperature, top_k=args.top_k)
+        check_sampling(args.temperature, args.top_k)
         if args.prompt is not None:
             if args.inputs or args.split:
                 given = repr(args.inputs[0]) if args.inputs else f"--split {args.split}"
@@ -237,6 +201,7 @@ def predict_main(argv: list[str] | None = None) -> int:
             )
             print(text)
             return 0
+        # <<< text
         done = predict(
             args.checkpoint,
             args.inputs,

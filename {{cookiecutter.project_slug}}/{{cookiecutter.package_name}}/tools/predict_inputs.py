@@ -21,7 +21,7 @@ from ..data.image_folder import EXTENSIONS, decode
 from ..data.label_sets import joined, table_labels
 from ..errors import ConfigError
 from .inference import Trained, validation_set
-from .predict_text import read_text_csv, read_text_file
+from .predict_text import read_text_csv, read_text_file  # feature: text
 
 SAVE = "the inputs with torch.save, in a dict with the key 'x'"
 FIELD_LIMIT = 65536  # characters in one CSV field: more is an unclosed quote, not a number
@@ -60,8 +60,8 @@ def _table(path: Path) -> tuple[list[str], list[list[str]]]:
 def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
     """(ids, inputs (N, F), labels or None) of a table with the training table's columns."""
     meta, name = trained.meta, f"CSV file {str(path)!r}"
-    if "tokenizer" in meta:  # texts to classify: their column, tokenised as in training
-        return read_text_csv(path, trained)
+    if "tokenizer" in meta:  # texts to classify: their column, tokenised as in training  # feature: text
+        return read_text_csv(path, trained)  # feature: text
     if "features" not in meta:
         raise ConfigError(
             f"{name}: checkpoint {trained.path!r} was not trained on a CSV table (its data "
@@ -251,8 +251,8 @@ def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
             raise ConfigError(f"input {name!r} not found")
         elif suffix == ".csv":
             yield Inputs(f"CSV file {name!r}", *read_csv(path, trained))
-        elif suffix == ".txt" and "tokenizer" in trained.meta:
-            yield Inputs(f"text file {name!r}", *read_text_file(path, trained))
+        elif suffix == ".txt" and "tokenizer" in trained.meta:  # feature: text
+            yield Inputs(f"text file {name!r}", *read_text_file(path, trained))  # feature: text
         elif suffix in (".pt", ".pth"):
             yield Inputs(f"tensor file {name!r}", *read_tensors(path, trained))
         elif suffix in IMAGE_SUFFIXES:
@@ -260,7 +260,8 @@ def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
         else:
             raise ConfigError(
                 f"input {name!r}: unknown file type; give .csv tables, .pt tensor files, "
-                "images or folders of images (or --prompt for a language model)"
+                "images or folders of images (or --prompt for a language model)"  # feature: text
+                "images or folders of images"  # feature: !text
             )
     if images:
         yield Inputs(f"image file {str(images[0])!r}", *read_images(images, trained))
@@ -273,7 +274,8 @@ def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[
     if names and split:
         raise ConfigError(f"--split {split} reads the run's own split: leave out {names[0]!r}")
     if not names and not split:
-        raise ConfigError("no inputs given: pass files or folders, --split val, or --prompt")
+        raise ConfigError("no inputs given: pass files or folders, --split val, or --prompt")  # feature: text
+        raise ConfigError("no inputs given: pass files or folders, or --split val")  # feature: !text
     sources = [Inputs("the validation split", *read_split(trained))] if split else []
     sources += inputs_of(names, trained)
     io = trained.io

@@ -12,7 +12,7 @@ from torch import nn
 
 from .inference import Trained
 
-TOKENIZER_SUFFIX = ".tokenizer.json"  # beside an artifact of a text model: its tokenizer
+TOKENIZER_SUFFIX = ".tokenizer.json"  # beside an artifact of a text model: its tokenizer  # feature: text
 
 
 class Serving(nn.Module):
@@ -67,9 +67,10 @@ def serving_model(trained: Trained) -> Serving:
 
 def max_positions(trained: Trained) -> int | None:
     """A language model takes 1 to this many positions (model.max_len; the training length for
-    a model that does not say), tokenised text its max_length; None for fixed sample shapes."""
-    if "tokenizer" in trained.meta:  # tokenised text: up to its max_length
-        return int(trained.meta["max_length"])
+    a model that does not say), tokenised text its max_length; None for fixed sample shapes."""  # feature: text
+    a model that does not say); None for fixed sample shapes."""  # feature: !text
+    if "tokenizer" in trained.meta:  # tokenised text: up to its max_length  # feature: text
+        return int(trained.meta["max_length"])  # feature: text
     if trained.cfg.task.name != "language_model":
         return None
     return int(getattr(trained.model, "max_len", trained.io["input_shape"][0]))
@@ -115,6 +116,7 @@ def input_units(meta: dict) -> str:
             f"by the caller (resizing is not in the artifact); the normalisation (mean "
             f"{meta['mean']}, std {meta['std']}) is inside the artifact"
         )
+    # >>> text
     if "vocab" in meta:
         return "int64 token ids: positions in `vocab`, one character each"
     if "tokenizer" in meta:
@@ -123,6 +125,7 @@ def input_units(meta: dict) -> str:
             f"{TOKENIZER_SUFFIX}, special tokens added, at most {meta['max_length']}), padded "
             f"with {meta['pad_id']}, which the model leaves out"
         )
+    # <<< text
     return "the values of the training data's x as they are (nothing was learnt from them)"
 
 

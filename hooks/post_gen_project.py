@@ -88,10 +88,25 @@ FEATURES = {
     "text": (
         "{package}/data/text.py",
         "{package}/data/text_table.py",
+        "{package}/tools/generate.py",
         "{package}/tools/predict_text.py",
         "configs/experiments/char_lm.yaml",
         "configs/experiments/hf_text_classifier.yaml",
         "tests/test_text.py",
+        "tests/test_hf_text.py",
+    ),
+    # A file in two features' lists goes where either is left out: Hugging Face text
+    # classifiers (data.name=text_table) are text and pretrained models.
+    "pretrained": (
+        "{package}/models/zoo.py",
+        "{package}/models/hf.py",
+        "{package}/data/text_table.py",
+        "{package}/tools/predict_text.py",
+        "configs/experiments/finetune_image_folder.yaml",
+        "configs/experiments/hf_text_classifier.yaml",
+        "scripts/gpu_checks/pretrained.py",
+        "tests/test_zoo.py",
+        "tests/test_hf.py",
         "tests/test_hf_text.py",
     ),
     "gpu_check": (

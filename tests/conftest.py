@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,42 @@ def copy_template(dest: Path) -> Path:
 
 def defaults() -> dict:
     return json.loads((TEMPLATE / "cookiecutter.json").read_text())
+
+
+# The zoo environment's install (tests/test_zoo_env.py), started once its test is selected.
+ZOO_TEST = "tests/test_zoo_env.py"
+ZOO = pytest.StashKey[tuple]()
+
+
+def start_zoo(config) -> tuple:
+    from test_zoo_env import start_install
+
+    venv = Path(tempfile.mkdtemp(prefix="zoo-")) / "venv"
+    config.stash[ZOO] = (venv, start_install(venv))
+    return config.stash[ZOO]
+
+
+def pytest_collection_finish(session):
+    """pip unpacks the zoo's wheels (about 90 s, mostly the disk) while the slow tests before
+    it use the cores; under xdist each worker starts it when its test runs instead."""
+    selected = any(item.nodeid.startswith(ZOO_TEST) for item in session.items)
+    if selected and not hasattr(session.config, "workerinput"):
+        start_zoo(session.config)
+
+
+def pytest_sessionfinish(session):
+    venv, install = session.config.stash.get(ZOO, (None, None))
+    if install is not None:
+        if install.poll() is None:
+            install.kill()
+        install.wait()
+        shutil.rmtree(venv.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def zoo_install(pytestconfig) -> tuple:
+    """(venv, its install process): started at collection, or here."""
+    return pytestconfig.stash.get(ZOO, None) or start_zoo(pytestconfig)
 
 
 @pytest.fixture

@@ -109,6 +109,7 @@ EXPECTED = {
     "PKG/tools/predict.py",
     "PKG/tools/predict_inputs.py",
     "PKG/tools/predict_text.py",
+    "PKG/tools/generate.py",
     "PKG/tools/outputs.py",
     "PKG/tools/export.py",
     "PKG/tools/serving.py",
@@ -316,13 +317,20 @@ FEATURE_FILES = {
         "tests/test_trackers.py",
     },
     "text": {
-        "PKG/data/text.py",
-        "PKG/data/text_table.py",
+        *(f"PKG/{name}.py" for name in ("data/text", "data/text_table", "tools/generate")),
         "PKG/tools/predict_text.py",
         "configs/experiments/char_lm.yaml",
         "configs/experiments/hf_text_classifier.yaml",
         "tests/test_text.py",
         "tests/test_hf_text.py",
+    },
+    "pretrained": {
+        *(f"PKG/{name}.py" for name in ("models/zoo", "models/hf", "data/text_table")),
+        "PKG/tools/predict_text.py",
+        "configs/experiments/finetune_image_folder.yaml",
+        "configs/experiments/hf_text_classifier.yaml",
+        "scripts/gpu_checks/pretrained.py",
+        *(f"tests/{name}.py" for name in ("test_zoo", "test_hf", "test_hf_text")),
     },
     "gpu_check": {
         "scripts/gpu_check.py",
@@ -353,6 +361,14 @@ FEATURE_TRACES = {
     "text": re.compile(
         r"TextChars|TextTable|text_table|predict_text|HFText|tokenizer|char_lm|hf_text|tickets"
         r"|--prompt|data\.name=text\b|\bBERT\b"
+    ),
+    # pretrained's words: the zoo models, the Hugging Face ones, their extras and example. The
+    # doctor's check of the torch/torchvision pair and image_decode's note that its crop is
+    # timm's and torchvision's arithmetic stay: they name libraries, not the feature.
+    "pretrained": re.compile(
+        r"models/zoo|zoo\.py|test_zoo|test_hf|\bTimm\b|\bTorchvision\b|HFImage|hf_image"
+        r"|\[vision\]|\.\[vision|\[hf\]|finetune_image_folder|text_table|Hugging Face"
+        r"|save_pretrained|model\.name=(timm|torchvision|hf)\b"
     ),
     "gpu_check": re.compile(r"gpu[ _-]?checks?|benchmark_gpu", re.IGNORECASE),
 }

@@ -136,7 +136,8 @@ FEATURE_TRACES = {
         "cpu_offload",
     ),
     "gpu_check": (["scripts/gpu_check.py", "scripts/gpu_checks"], "Makefile", "gpu-check:"),
-    "text": (["my_pytorch_project/data/text_table.py"], "pyproject.toml", "tokenizers"),
+    "text": (["my_pytorch_project/data/text.py"], "docs/data.md", "char_lm"),
+    "pretrained": (["my_pytorch_project/models/zoo.py"], "pyproject.toml", "timm"),
     "trackers": (["my_pytorch_project/utils/tracker_wandb.py"], "configs/default.yaml", "mlflow"),
     "sweeps": (
         ["scripts/sweep.py", "my_pytorch_project/tools/sweep.py", "docs/sweeps.md"],

@@ -6,18 +6,19 @@ torch 2.14.1, not the 2.13.0 CPU build the rest of CI uses. REQUIRE_EXTRAS makes
 that fails to import a failure, never a skip.
 
 Slow: pip takes the 2.14.1 build (a CUDA one, about 5.5 GB with its libraries; it runs on the
-CPU) from the machine's local wheel folder in about 90 s; the tests take about 3 min (the
-pairwise cases: torchrun, compile and export on two cores). Nothing
-else of the machine's environment is used: the package runs from the bake through PYTHONPATH.
+CPU) from the machine's local wheel folder in about 90 s, in the background from the start of
+the session (tests/conftest.py); the tests take about 3.5 min (the pairwise cases: torchrun,
+compile and export on two cores). Nothing else of the machine's environment is used: the
+package runs from the bake through PYTHONPATH.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,33 +38,38 @@ def run(args: list, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
 
 
-@pytest.mark.slow
-def test_the_pretrained_model_tests_pass_with_the_real_libraries(bake, tmp_path):
-    project = bake()
-    venv = tmp_path / "zoo-venv"
+def clean_env() -> dict:
     # CI's PIP_CONSTRAINT pins torch 2.13.0, which torchvision 0.29 does not import beside.
-    env = {k: v for k, v in os.environ.items() if k not in ("PIP_CONSTRAINT", "VIRTUAL_ENV")}
-    try:
-        made = run([sys.executable, "-m", "venv", venv], env=env, timeout=120)
-        assert made.returncode == 0, made.stderr
-        python = venv / "bin" / "python"
-        install = [python, "-m", "pip", "install", "-q", "--retries", "0", *PAIR, *PACKAGES]
-        installed = run(install, env=env, timeout=900)
-        assert installed.returncode == 0, installed.stderr[-2000:]
-        tests = run(
-            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow"]
-            + ["-rs", "-n", "2", "-k", ZOO_CASES, *SELECTION],
-            cwd=project,
-            env={
-                **env,
-                "PYTHONPATH": str(project),
-                "OMP_NUM_THREADS": "1",
-                "REQUIRE_EXTRAS": "torchvision,timm,huggingface_hub,transformers,tokenizers",
-            },
-            timeout=900,
-        )
-        tail = "\n".join(tests.stdout.splitlines()[-30:])
-        assert tests.returncode == 0, tail + tests.stderr[-2000:]
-        assert re.search(r"\d+ passed", tail) and "skipped" not in tail, tail
-    finally:
-        shutil.rmtree(venv, ignore_errors=True)
+    return {k: v for k, v in os.environ.items() if k not in ("PIP_CONSTRAINT", "VIRTUAL_ENV")}
+
+
+def start_install(venv: Path) -> subprocess.Popen:
+    """The zoo environment made in the background: pip spends its ~90 s unpacking wheels, so
+    the slow layer (tests/conftest.py starts this when the test is selected) runs meanwhile."""
+    python = venv / "bin" / "python"
+    pip = f"{python} -m pip install -q --retries 0 {' '.join(PAIR + PACKAGES)}"
+    script = f"{sys.executable} -m venv {venv} && {pip}"
+    with (venv.parent / "zoo-install.log").open("w") as log:  # the child keeps its own copy
+        return subprocess.Popen(["bash", "-c", script], env=clean_env(), stdout=log, stderr=log)
+
+
+@pytest.mark.slow
+def test_the_pretrained_model_tests_pass_with_the_real_libraries(bake, zoo_install):
+    project = bake()
+    venv, install = zoo_install
+    assert install.wait(timeout=900) == 0, (venv.parent / "zoo-install.log").read_text()[-2000:]
+    tests = run(
+        [venv / "bin" / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        + ["-m", "slow or not slow", "-rs", "-n", "2", "-k", ZOO_CASES, *SELECTION],
+        cwd=project,
+        env={
+            **clean_env(),
+            "PYTHONPATH": str(project),
+            "OMP_NUM_THREADS": "1",
+            "REQUIRE_EXTRAS": "torchvision,timm,huggingface_hub,transformers,tokenizers",
+        },
+        timeout=900,
+    )
+    tail = "\n".join(tests.stdout.splitlines()[-30:])
+    assert tests.returncode == 0, tail + tests.stderr[-2000:]
+    assert re.search(r"\d+ passed", tail) and "skipped" not in tail, tail

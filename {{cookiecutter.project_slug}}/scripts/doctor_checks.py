@@ -13,7 +13,7 @@ import re
 from typing import NamedTuple
 
 DEPS = ("numpy", "yaml", "tqdm", "tensorboard")
-ZOO = ("torchvision", "timm")  # optional: model.name=torchvision or timm (the [vision] extra)
+ZOO = ("torchvision", "timm")  # optional companions of torch: checked where installed
 
 
 class Wheel(NamedTuple):
@@ -221,7 +221,7 @@ def diagnose_deps(f: dict) -> list[Check]:
 def diagnose_zoo(f: dict) -> list[Check]:
     """torchvision is built for one torch release (0.(N+15) for 2.N): another pair fails at
     import ("operator torchvision::nms does not exist") or at the first image op. timm
-    imports torchvision. Not installed is fine: only the zoo models need them."""
+    imports torchvision. Not installed is fine: the project's core needs neither."""
     imports, torch = f["imports"], f["torch"]
     ok, detail = imports.get("torchvision", (False, "ModuleNotFoundError"))
     if not torch["ok"] or (not ok and detail.startswith("ModuleNotFoundError")):

@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import torch  # noqa: E402
 from gpu_checks import report  # noqa: E402
 from gpu_checks.common import Check, Failed, Machine, OutOfBudget, Skipped  # noqa: E402
-from gpu_checks.registry import CHECKS  # noqa: E402
+from gpu_checks.registry import CHECKS, expected_seconds  # noqa: E402
 
 from {{ cookiecutter.package_name }}.tools.cli import Parser  # noqa: E402
 
@@ -152,7 +152,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.list:
-        print(report.listing(CHECKS))
+        print(report.listing(CHECKS, expected_seconds(CHECKS)))
         return 0
     machine = find_machine()
     if isinstance(machine, str):

@@ -6,7 +6,9 @@ configs in configs/experiments/ and for trying the data formats before using you
                                                   # classes_test, imbalanced, multilabel)
     python scripts/make_demo_data.py text         # only data/demo/text.txt  # feature: text
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
-    python scripts/make_demo_data.py tickets      # only data/demo/tickets.csv (text, label)  # feature: text
+# >>> text
+    python scripts/make_demo_data.py tickets      # only data/demo/tickets.csv (text, label)  # feature: pretrained
+# <<< text
     python scripts/make_demo_data.py --out /tmp/demo csv
 
 Each is seeded: the same files every time.
@@ -173,6 +175,7 @@ def write_images(out: Path) -> list[Path]:
 
 
 # >>> text
+# >>> pretrained
 def write_tickets(out: Path) -> list[Path]:
     """tickets.csv: 1,200 support tickets (a text column, a label column) in 3 classes, for a
     text classifier (hf_text_classifier.yaml). The words of each class overlap: a model must
@@ -198,11 +201,15 @@ def write_tickets(out: Path) -> list[Path]:
     with path.open("w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([["text", "label"], *rows])
     return [path]
+# <<< pretrained
 # <<< text
 
 
-WRITERS = {"csv": write_csv, "images": write_images, "text": write_text, "tickets": write_tickets}  # feature: text
-WRITERS = {"csv": write_csv, "images": write_images}  # feature: !text
+WRITERS = {"csv": write_csv, "images": write_images}
+WRITERS["text"] = write_text  # feature: text
+# >>> text
+WRITERS["tickets"] = write_tickets  # feature: pretrained
+# <<< text
 
 
 def main(argv: list[str] | None = None) -> int:

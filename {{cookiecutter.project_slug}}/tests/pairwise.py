@@ -10,7 +10,7 @@ its rule here (and a line to docs/combinations.md's table of refused combination
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib.util  # feature: pretrained
 import itertools
 from dataclasses import dataclass
 
@@ -24,12 +24,14 @@ AXES: dict[str, list] = {
         "lm-text",  # feature: text
         "cls-imbalanced-mlp",  # class weights auto, best.pt by macro-F1, a tuned threshold
         "ml-tags-mlp",  # multi-label: pos_weight auto, best.pt by mAP, tuned thresholds
+        # >>> pretrained
         # Pretrained models, where their libraries are installed (the template's CI runs
         # these cases in the zoo environment of tests/test_zoo.py): a timm model on images
         # and a Hugging Face BERT on text, each frozen for its first epoch.  # feature: text
         # frozen for its first epoch.  # feature: !text
         *(["cls-images-timm"] if importlib.util.find_spec("timm") else []),
         *(["cls-text-hf"] if importlib.util.find_spec("transformers") else []),  # feature: text
+        # <<< pretrained
     ],
     # How the model is wrapped, and on how many ranks (two: torchrun, gloo on the CPU). Two
     # axes, not one: every task then needs one two-rank case, not one per strategy.
@@ -59,7 +61,8 @@ AXES: dict[str, list] = {
     "resume_change": ["lr", "amp", "channels_last", "seed"],
 }
 
-IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn", "cls-images-timm")
+IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn", "cls-images-timm")  # feature: pretrained
+IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn")  # feature: !pretrained
 
 # What a value costs a case on CPU, in pairs it must cover to be worth it: two ranks start
 # three processes per launch (torchrun and its ranks), and compiling costs more than

@@ -65,8 +65,8 @@ CONFIGS = ROOT / "configs" / "experiments"
 
 def family_args(task: str, data: Path) -> list[str]:
     """--config and overrides that make each task's example tiny (seconds a case)."""
-    if task in ZOO_FAMILIES:
-        return ZOO_FAMILIES[task](data)
+    if task in ZOO_FAMILIES:  # feature: pretrained
+        return ZOO_FAMILIES[task](data)  # feature: pretrained
     return {
         "cls-synthetic-cnn": [
             "data.train_size=384",
@@ -122,6 +122,7 @@ def family_args(task: str, data: Path) -> list[str]:
     }[task]
 
 
+# >>> pretrained
 def timm_args(data: Path) -> list[str]:
     """timm's 0.37M-parameter test model from weights made here (random init, timm's format)."""
     weights = data / "test_resnet.pth"
@@ -165,6 +166,7 @@ def hf_args(data: Path) -> list[str]:
 # <<< text
 ZOO_FAMILIES = {"cls-images-timm": timm_args, "cls-text-hf": hf_args}  # feature: text
 ZOO_FAMILIES = {"cls-images-timm": timm_args}  # feature: !text
+# <<< pretrained
 
 COMMON = [
     "train.batch_size=16",

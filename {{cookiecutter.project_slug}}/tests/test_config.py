@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json  # feature: !fsdp|!text
-import re
+import re  # feature: pretrained
 from pathlib import Path
 
 import pytest
@@ -18,10 +18,11 @@ from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
 from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: fsdp
 # <<< text
 from {{ cookiecutter.package_name }}.errors import LEFT_OUT, CheckpointError, ConfigError  # feature: !fsdp|!text
-from {{ cookiecutter.package_name }}.models import MODELS, architecture, build_model
-from {{ cookiecutter.package_name }}.models.zoo import Zoo
+from {{ cookiecutter.package_name }}.models import MODELS, architecture, build_model  # feature: pretrained
+from {{ cookiecutter.package_name }}.models import build_model  # feature: !pretrained
+from {{ cookiecutter.package_name }}.models.zoo import Zoo  # feature: pretrained
 from {{ cookiecutter.package_name }}.tasks import TASKS, build_task
-from {{ cookiecutter.package_name }}.trainer import build_data
+from {{ cookiecutter.package_name }}.trainer import build_data  # feature: pretrained
 
 ALL_FILES = sorted(CONFIGS.rglob("*.yaml"))
 # A user's experiment on their own table, which this checkout does not hold.
@@ -55,6 +56,7 @@ def check_config_file(path: Path, monkeypatch, project: Path = ROOT) -> None:
             f"{path.name}: data file {missing} not found (demo folder or project): the "
             "config loads and validates; its data, task and model are checked once it exists"
         )
+    # >>> pretrained
     if issubclass(MODELS[cfg.model.name], Zoo):  # a pretrained model: its library, weights
         try:
             train, _, _, task = build_data(cfg)
@@ -66,6 +68,12 @@ def check_config_file(path: Path, monkeypatch, project: Path = ROOT) -> None:
         train, _, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
         task = build_task(cfg.task, getattr(train, "dataset", train), meta)  # class counts
         model = build_model(cfg.model, example_inputs(train), task.num_outputs)
+    # <<< pretrained
+    # >>> !pretrained
+    train, _, meta = build_datasets(cfg.data, TASKS[cfg.task.name].targets)
+    task = build_task(cfg.task, getattr(train, "dataset", train), meta)  # class counts
+    model = build_model(cfg.model, example_inputs(train), task.num_outputs)
+    # <<< !pretrained
     assert sum(p.numel() for p in model.parameters()) > 0
 
 

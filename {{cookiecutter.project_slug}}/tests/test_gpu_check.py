@@ -50,9 +50,10 @@ def table(stdout: str) -> dict[str, tuple[str, str]]:
 
 def test_list_names_every_check_in_order_with_what_it_covers(capsys):
     assert gpu_check.main(["--list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, estimate = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[::2]] == [s.name for s in registry.CHECKS]
     assert all(line.split()[0] == "covers:" for line in lines[1::2])
+    assert estimate.startswith("A default run takes about")
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2(monkeypatch, capsys):
@@ -94,15 +95,19 @@ def test_make_gpu_check_writes_the_json_report_unless_args_names_another():
     assert "`make gpu-check` writes the report to `gpu-check.json`" in " ".join(readme.split())
 
 
-def test_the_readme_estimates_the_run_time_the_checks_limits_imply():
-    """Each limit is 3-4 times its check's expected seconds on one H200: docs/gpu-check.md's
-    estimate of a whole run is the sum of those, not a figure of its own."""
+def test_the_estimate_of_a_run_is_the_sum_the_checks_limits_imply(capsys):
+    """Each limit is 3-4 times its check's expected seconds on one H200: the estimate of a
+    whole run that --list prints (and docs/gpu-check.md points to) is the sum of those, of the
+    checks this project has, not a figure of its own."""
     low, high = registry.expected_seconds()
     assert 0 < low < high
+    assert low == sum(s.limit for s in registry.CHECKS if s.default) / 4
+    assert gpu_check.main(["--list"]) == 0
+    found = re.search(r"takes about (\d+) to (\d+) minutes", capsys.readouterr().out)
+    assert found and tuple(map(int, found.groups())) == (round(low / 60), round(high / 60))
     readme = " ".join((ROOT / "docs" / "gpu-check.md").read_text().split())
-    found = re.search(r"A run takes about (\d+) to (\d+) minutes on one H200", readme)
-    assert found, "docs/gpu-check.md says how long a run takes"
-    assert tuple(map(int, found.groups())) == (round(low / 60), round(high / 60))
+    assert "A run takes the sum of the checks' expected seconds" in readme
+    assert "scripts/gpu_check.py --list` prints last" in readme
 
 
 def test_bf16_counts_as_native_from_compute_capability_8_and_on_the_cpu():
@@ -444,9 +449,11 @@ ON_CPU = {
 GPU_ONLY = ["tests", "syncbn", "compile", "compile_ddp"]
 GPU_ONLY += ["cpu_offload", "compile_fsdp"]  # feature: fsdp
 GPU_ONLY += ["sweep_gpus"]  # feature: sweeps
+# >>> pretrained
 # Skipped here without the [vision] and [hf] extras; what it runs, tests/test_zoo.py,
 # test_hf.py and the pairwise suite's pretrained cases run on the CPU with them.
 GPU_ONLY += ["pretrained"]
+# <<< pretrained
 
 
 def test_the_cpu_groups_hold_every_check_of_the_default_run():

@@ -60,6 +60,10 @@ LEFT_OUT |= {"train.strategy=fsdp": "fsdp", "train.cpu_offload": "fsdp", "shards
 # >>> !text
 LEFT_OUT |= dict.fromkeys(("data.name=text", "data.name=text_table", "model.name=hf"), "text")
 # <<< !text
+# >>> !pretrained
+LEFT_OUT |= {f"model.name={name}": "pretrained" for name in ("timm", "torchvision", "hf_image")}
+LEFT_OUT |= dict.fromkeys(("model.name=hf", "data.name=text_table"), "pretrained")  # feature: text
+# <<< !pretrained
 
 
 def left_out(key: str, subject: str = "") -> str:

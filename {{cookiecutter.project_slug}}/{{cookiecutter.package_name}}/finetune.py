@@ -3,7 +3,7 @@
 head's learning rate), and BatchNorm statistics kept while the backbone is frozen.
 
 A model names its head with a method `head()` returning the module(s) its task output comes
-from (the zoo models of models/zoo.py, the cnn and the mlp do); otherwise a child module called
+from (the pretrained models, the cnn and the mlp do); otherwise a child module called
 `head`, `classifier` or `fc` is taken. Everything else is the backbone.
 
 Every choice here is a function of the settings and the epoch, never of the run's history,

@@ -127,7 +127,7 @@ def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
 
 def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
     """(train set, val set, data meta, task): the task sizes the model's output from the data.
-    `meta`: a checkpoint's (it says how to read inputs: no zoo lookup); `like`: a resumed one's."""
+    `meta`: a checkpoint's (it says how to read inputs, no model is asked); `like`: a resumed's."""
     targets, prep = TASKS[cfg.task.name].targets, not meta and preprocessing(cfg.model)
     train_set, val_set, meta = build_datasets(cfg.data, targets, meta, like, prep)
     return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta, cfg.best())
@@ -186,11 +186,11 @@ def build_net(
     shape = (example, task.num_outputs)
 
     def full() -> nn.Module:  # on the CPU, tried with the task on a batch (tasks/protocol.py)
-        # A resumed run's weights are in its checkpoint: a zoo model's are not read again.
+        # A resumed run's weights are in its checkpoint: pretrained ones are not read again.
         model = build_model(architecture(cfg.model) if resumed_from else cfg.model, *shape)
         check_task(task, model, example, data.example_y)
         if dist.is_main and getattr(model, "weights_note", None) and not resumed_from:
-            print(model.weights_note)  # a zoo model's pretrained tensors loaded and new
+            print(model.weights_note)  # a pretrained model's tensors: loaded, and new
         if cfg.train.init_from and resumed_from:
             if dist.is_main:  # the run's own checkpoint holds the weights to continue
                 print(f"train.init_from is not used: the run resumes from {resumed_from}")

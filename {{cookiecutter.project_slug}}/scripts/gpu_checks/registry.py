@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import numerics, paths, pretrained, ranks, speed
+from . import numerics, paths, pretrained, ranks, speed  # feature: pretrained
+from . import numerics, paths, ranks, speed  # feature: !pretrained
 from .common import Check
 
 
@@ -125,8 +126,10 @@ CHECKS = (
     Spec("init_from", paths.check_init_from, ("device",), 90),
     Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),  # feature: sweeps
     Spec("smoke", paths.check_smoke, ("bf16",), 60),
+    # >>> pretrained
     Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "fsdp"), 240),  # feature: fsdp
     Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "ddp"), 240),  # feature: !fsdp
+    # <<< pretrained
     Spec("combinations", paths.check_combinations, ("fp16",), 3600, default=False),
 )
 

@@ -210,11 +210,15 @@ def exit_code(found: dict) -> int:
     return 3 if found["summary"]["not run"] else 0
 
 
-def listing(checks) -> str:
+def listing(checks, seconds: tuple[float, float]) -> str:
+    """Each check and what it covers, two lines each; then how long a default run takes,
+    `seconds` (registry.expected_seconds: an estimate until measured)."""
     width = max(len(spec.name) for spec in checks)
     lines = []
     for spec in checks:
         more = "" if spec.default else " (not in the default run)"
         lines.append(f"{spec.name:<{width}}  {' '.join(spec.run.__doc__.split())}{more}")
         lines.append(f"{'':<{width}}  covers: {', '.join(spec.covers)}")
+    low, high = (round(s / 60) for s in seconds)
+    lines.append(f"A default run takes about {low} to {high} minutes on one H200 (estimated).")
     return "\n".join(lines)

@@ -40,7 +40,9 @@ from .synthetic import SyntheticGratings
 from .targets import target_stats
 from .tensor_files import TensorFiles
 from .text import TextChars  # feature: text
+# >>> pretrained
 from .text_table import TextTable  # feature: text
+# <<< pretrained
 
 # Tells the loaders' seeds (seed, rank, LOADER_STREAM) from the ranks' (seed, rank) and the
 # samples' (seed, epoch, index): b"loader" as a number, beyond any epoch or index.
@@ -52,7 +54,9 @@ DATASETS = {
     "csv": CSVTable,
     "image_folder": ImageFolder,
     "text": TextChars,  # feature: text
+    # >>> pretrained
     "text_table": TextTable,  # texts to classify, with a Hugging Face tokenizer  # feature: text
+    # <<< pretrained
 }
 
 

@@ -50,8 +50,10 @@ LAYOUT = "root/<class>/*.png, or root/train/<class>/ and root/val/<class>/"
 class Options:
     root: str = "data/images"  # class folders, or train/ and val/ folders of class folders
     # Every image becomes image_size x image_size. auto (0, "auto") takes a pretrained model's
-    # own preprocessing (model.name=timm or torchvision: e.g. 224, crop 0.875, bilinear,
-    # ImageNet's mean and std), else 32 px, the whole image squashed, bilinear, mean/std 0.5.
+    # own preprocessing (model.name=timm or torchvision: e.g. 224, crop 0.875, bilinear,  # feature: pretrained
+    # ImageNet's mean and std), else 32 px, the whole image squashed, bilinear, mean/std 0.5.  # feature: pretrained
+    # own preprocessing (a model with `preprocessing`: e.g. 224, crop 0.875, bilinear,  # feature: !pretrained
+    # ImageNet's mean and std), else 32 px, the whole image squashed, bilinear, mean/std 0.5.  # feature: !pretrained
     image_size: int = 0
     # In (0, 1]: resize the short side to image_size / crop_pct, then take the centre square;
     # 0 = auto (the model's, or the whole image squashed to the square)

@@ -22,21 +22,25 @@ from torch import nn
 from ..config.text import did_you_mean
 from ..errors import ConfigError, first_line, is_out_of_memory
 from .cnn import SmallCNN
+# >>> pretrained
 from .hf import HFImage, HFText  # feature: text
 from .hf import HFImage  # feature: !text
+# <<< pretrained
 from .mlp import MLP
 from .transformer import Transformer
-from .zoo import Timm, Torchvision
+from .zoo import Timm, Torchvision  # feature: pretrained
 
 MODELS = {
     "cnn": SmallCNN,
     "mlp": MLP,
     "transformer": Transformer,
+    # >>> pretrained
     "timm": Timm,  # pretrained zoo models (optional libraries): models/zoo.py
     "torchvision": Torchvision,
     "hf": HFText,  # Hugging Face sequence classifiers: models/hf.py  # feature: text
     "hf_image": HFImage,  # and image classifiers  # feature: text
     "hf_image": HFImage,  # Hugging Face image classifiers: models/hf.py  # feature: !text
+    # <<< pretrained
 }
 
 

@@ -11,7 +11,7 @@ checkpoint's data meta (never the current config):
   scaled to [0, 1] and normalised with meta["mean"] / meta["std"];
 - `split="val"`: the training run's validation split, rebuilt like evaluate.py does.  # feature: !text
 - `split="val"`: the training run's validation split, rebuilt like evaluate.py does;  # feature: text
-- a text prompt for a language model (--prompt): predict_text.generate continues it.  # feature: text
+- a text prompt for a language model (--prompt): generate.py continues it.  # feature: text
 
 Every input is read and checked (check_inputs) before the model runs: against the
 checkpoint's io (sample shape, float or integer inputs) and meta (columns, classes). NaN or
@@ -41,9 +41,9 @@ from ..errors import ConfigError  # feature: !text
 from ..utils import locks
 from ..utils.device import autocast
 from . import cli, outputs
+from .generate import check_sampling, generate  # feature: text
 from .inference import Trained, device_option, inference_amp, load_trained
 from .predict_inputs import check_inputs, read_csv
-from .predict_text import check_sampling, generate  # feature: text
 
 __all__ = ["check_inputs", "check_options", "predict", "predict_main", "read_csv"]
 

@@ -21,7 +21,9 @@ from ..data.image_folder import EXTENSIONS, decode
 from ..data.label_sets import joined, table_labels
 from ..errors import ConfigError
 from .inference import Trained, validation_set
+# >>> pretrained
 from .predict_text import read_text_csv, read_text_file  # feature: text
+# <<< pretrained
 
 SAVE = "the inputs with torch.save, in a dict with the key 'x'"
 FIELD_LIMIT = 65536  # characters in one CSV field: more is an unclosed quote, not a number
@@ -60,8 +62,10 @@ def _table(path: Path) -> tuple[list[str], list[list[str]]]:
 def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, list | None]:
     """(ids, inputs (N, F), labels or None) of a table with the training table's columns."""
     meta, name = trained.meta, f"CSV file {str(path)!r}"
+    # >>> pretrained
     if "tokenizer" in meta:  # texts to classify: their column, tokenised as in training  # feature: text
         return read_text_csv(path, trained)  # feature: text
+    # <<< pretrained
     if "features" not in meta:
         raise ConfigError(
             f"{name}: checkpoint {trained.path!r} was not trained on a CSV table (its data "
@@ -251,8 +255,10 @@ def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
             raise ConfigError(f"input {name!r} not found")
         elif suffix == ".csv":
             yield Inputs(f"CSV file {name!r}", *read_csv(path, trained))
+        # >>> pretrained
         elif suffix == ".txt" and "tokenizer" in trained.meta:  # feature: text
             yield Inputs(f"text file {name!r}", *read_text_file(path, trained))  # feature: text
+        # <<< pretrained
         elif suffix in (".pt", ".pth"):
             yield Inputs(f"tensor file {name!r}", *read_tensors(path, trained))
         elif suffix in IMAGE_SUFFIXES:

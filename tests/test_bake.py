@@ -614,12 +614,24 @@ CORNERS = [{"preset": "lean"}, *({"preset": "lean", f: "yes"} for f in FEATURE_F
 @pytest.mark.parametrize("answers", CORNERS, ids=lambda a: "+".join([a["preset"], *list(a)[1:]]))
 def test_a_corner_bake_passes_its_own_fast_layer(bake, answers):
     """The lean project's `make test`; with a feature alone on top of it, every test module
-    imports and the feature's own fast tests pass: nothing of it leans on another feature."""
+    is collected (imports) and the fast tests of the feature's files and of the shared files
+    with its lines pass: nothing of it leans on another feature."""
     project = bake(**answers)
     (feature,) = list(answers)[1:] or [None]
     if feature is None:
         run_baked_suite(project, timeout=900)
         return
-    run_baked_suite(project, "--collect-only", timeout=300, expect=r"\d+ tests collected")
-    own = sorted(f for f in FEATURE_FILES[feature] if f.startswith("tests/"))
-    run_baked_suite(project, *own, timeout=600)
+    # -k on the module names: every file is collected, the feature's run.
+    files = " or ".join(Path(f).name for f in tests_of(feature, project))
+    tail = run_baked_suite(project, "-k", files, timeout=600)
+    assert "error" not in tail.lower(), tail
+
+
+def tests_of(feature: str, project: Path) -> list[str]:
+    """The project's test files of `feature`: its own, and the shared ones with lines marked
+    for it (`# feature: ...` or `# >>> ...` naming it, alone or in an a|b mark)."""
+    mark = re.compile(rf"(feature: |>>> )[!\w|]*\b{feature}\b")
+    tests = TEMPLATE / "{{cookiecutter.project_slug}}" / "tests"
+    marked = {f"tests/{p.name}" for p in tests.glob("test_*.py") if mark.search(p.read_text())}
+    own = {f for f in FEATURE_FILES[feature] if f.startswith("tests/")}
+    return sorted(f for f in own | marked if (project / f).is_file())

@@ -622,12 +622,12 @@ def test_a_corner_bake_passes_its_own_fast_layer(bake, answers):
         run_baked_suite(project, timeout=900)
         return
     # -k on the module names: every file is collected, the feature's run.
-    files = " or ".join(Path(f).name for f in tests_of(feature, project))
+    files = " or ".join(Path(f).name for f in feature_tests(feature, project))
     tail = run_baked_suite(project, "-k", files, timeout=600)
     assert "error" not in tail.lower(), tail
 
 
-def tests_of(feature: str, project: Path) -> list[str]:
+def feature_tests(feature: str, project: Path) -> list[str]:
     """The project's test files of `feature`: its own, and the shared ones with lines marked
     for it (`# feature: ...` or `# >>> ...` naming it, alone or in an a|b mark)."""
     mark = re.compile(rf"(feature: |>>> )[!\w|]*\b{feature}\b")

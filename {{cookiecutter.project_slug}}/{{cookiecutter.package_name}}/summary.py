@@ -109,7 +109,7 @@ def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
     if cfg.task.name != "language_model":
         commands["predict"] += ["--out", run_dir / "predictions.csv"]
     else:  # feature: !text
-        del commands["predict"]  # generating from it is another option's  # feature: !text
+        del commands["predict"]  # a language model predicts no rows: evaluate scores it  # feature: !text
     return {k: shlex.join(["python", *map(str, v)]) for k, v in commands.items()}
 
 

@@ -127,7 +127,7 @@ def prepare_process(cfg: Config, dist: DistInfo, device: torch.device) -> int:
 
 def build_data(cfg: Config, meta: dict | None = None, like: dict | None = None):
     """(train set, val set, data meta, task): the task sizes the model's output from the data.
-    `meta`: a checkpoint's (it says how to read inputs, no model is asked); `like`: a resumed's."""
+    `meta`: a checkpoint's (it says how to read inputs); `like`: a resumed run's."""
     targets, prep = TASKS[cfg.task.name].targets, not meta and preprocessing(cfg.model)
     train_set, val_set, meta = build_datasets(cfg.data, targets, meta, like, prep)
     return train_set, val_set, meta, build_task(cfg.task, source_of(train_set), meta, cfg.best())

@@ -64,10 +64,10 @@ def build_datasets(cfg, targets: str, meta=None, like=None, prep: dict | None = 
     """(train, val, meta) for cfg (the config's data section): the dataset's own splits, or a
     held-out part of its one pool, or k folds. `targets` ("class", "value", "labels",
     "tokens") is what the task needs; `meta` (from a checkpoint) makes evaluation use the
-    training run's
-    preprocessing and split. `like`: the meta of a checkpoint that a run resumes or
-    fine-tunes, whose inputs these must match (`meta` where given; see match_inputs). `prep`:
-    a pretrained model's preprocessing, for the options left at auto (models.preprocessing)."""
+    training run's preprocessing and split. `like`: the meta of a checkpoint that a run
+    resumes or fine-tunes, whose inputs these must match (`meta` where given; see
+    match_inputs). `prep`: a pretrained model's preprocessing, for the options left at auto
+    (models.preprocessing)."""
     source = DATASETS[cfg.name]
     opts = cfg.options
     if getattr(opts, "targets", None) == "auto":  # e.g. a CSV's label column: the task decides

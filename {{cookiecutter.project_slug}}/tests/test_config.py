@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import json  # feature: !fsdp|!text
+import json  # feature: !fsdp|!text|!pretrained
 import re  # feature: pretrained
 from pathlib import Path
 
 import pytest
-import torch  # feature: !fsdp|!text
+import torch  # feature: !fsdp|!text|!pretrained
 import yaml
 from conftest import CONFIGS, ROOT, missing_data_file
 
-from {{ cookiecutter.package_name }} import checkpoint  # feature: !fsdp|!text
+from {{ cookiecutter.package_name }} import checkpoint  # feature: !fsdp|!text|!pretrained
 from {{ cookiecutter.package_name }}.config import Config, flatten, from_dict, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
 # >>> text
+# >>> pretrained
 from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: fsdp
+# <<< pretrained
 # <<< text
-from {{ cookiecutter.package_name }}.errors import LEFT_OUT, CheckpointError, ConfigError  # feature: !fsdp|!text
+from {{ cookiecutter.package_name }}.errors import LEFT_OUT, CheckpointError, ConfigError  # feature: !fsdp|!text|!pretrained
 from {{ cookiecutter.package_name }}.models import MODELS, architecture, build_model  # feature: pretrained
 from {{ cookiecutter.package_name }}.models import build_model  # feature: !pretrained
 from {{ cookiecutter.package_name }}.models.zoo import Zoo  # feature: pretrained
@@ -372,7 +374,7 @@ def test_bad_loggers_name_the_item_and_the_closest_choice(value, messages):
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"run.loggers={value}"])
     assert all(message in str(err.value) for message in messages), str(err.value)
-# >>> !fsdp|!text
+# >>> !fsdp|!text|!pretrained
 
 
 def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_path):
@@ -396,4 +398,4 @@ def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_pat
         message = str(caught.value)
         assert f"needs the template option {option}, which this project was" in message, key
         assert message.endswith(command), message
-# <<< !fsdp|!text
+# <<< !fsdp|!text|!pretrained

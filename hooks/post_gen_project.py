@@ -109,6 +109,12 @@ FEATURES = {
         "tests/test_hf.py",
         "tests/test_hf_text.py",
     ),
+    "multilabel": (
+        "{package}/tasks/multilabel.py",
+        "{package}/data/label_sets.py",
+        "configs/experiments/multilabel_table.yaml",
+        "tests/test_multilabel.py",
+    ),
     "gpu_check": (
         "scripts/gpu_check.py",
         "scripts/gpu_checks",

@@ -332,6 +332,12 @@ FEATURE_FILES = {
         "scripts/gpu_checks/pretrained.py",
         *(f"tests/{name}.py" for name in ("test_zoo", "test_hf", "test_hf_text")),
     },
+    "multilabel": {
+        "PKG/tasks/multilabel.py",
+        "PKG/data/label_sets.py",
+        "configs/experiments/multilabel_table.yaml",
+        "tests/test_multilabel.py",
+    },
     "gpu_check": {
         "scripts/gpu_check.py",
         *(f"scripts/gpu_checks/{name}.py" for name in ("__init__", "common", "numerics")),
@@ -370,11 +376,19 @@ FEATURE_TRACES = {
         r"|\[vision\]|\.\[vision|\[hf\]|finetune_image_folder|text_table|Hugging Face"
         r"|save_pretrained|model\.name=(timm|torchvision|hf)\b"
     ),
+    # multilabel's words. The "labels" kind of targets (a 0/1 vector per sample) stays: it is
+    # the task protocol's, for a task of your own, and so do class imbalance's tools.
+    "multilabel": re.compile(
+        r"multi-?label|label_sets|label_sep|pos_weight|exact_match|per_label|table_labels"
+        r"|image_labels|data\.labels\b",
+        re.IGNORECASE,
+    ),
     "gpu_check": re.compile(r"gpu[ _-]?checks?|benchmark_gpu", re.IGNORECASE),
 }
 # The one place a project names what it was generated without: errors.LEFT_OUT, the table of
-# what needs an option it left out, and left_out(), the line refusing it.
-LEFT_OUT = re.compile(r"LEFT_OUT|left_out\(")
+# what needs an option it left out, errors.UNUSED, the values of those keys that mean "not
+# used" (they load), and left_out(), the line refusing the rest.
+LEFT_OUT = re.compile(r"LEFT_OUT|UNUSED|left_out\(")
 # What the template uses to mark a feature's lines: none may be left in a bake.
 MARKS = re.compile(r"^\s*(#|<!--) (>>>|<<<) !?\w+|(#|<!--) feature: !?\w+", re.MULTILINE)
 

@@ -139,6 +139,7 @@ FEATURE_TRACES = {
     "text": (["my_pytorch_project/data/text.py"], "docs/data.md", "char_lm"),
     "pretrained": (["my_pytorch_project/models/zoo.py"], "pyproject.toml", "timm"),
     "trackers": (["my_pytorch_project/utils/tracker_wandb.py"], "configs/default.yaml", "mlflow"),
+    "multilabel": (["my_pytorch_project/tasks/multilabel.py"], "docs/data.md", "label_sep"),
     "sweeps": (
         ["scripts/sweep.py", "my_pytorch_project/tools/sweep.py", "docs/sweeps.md"],
         "pyproject.toml",

@@ -1,19 +1,23 @@
 """Measure what classification's validation metrics cost against an epoch of training: the
 confusion matrix, the per-class metrics and, for two classes, the score histogram of AUROC,
-average precision and the tuned threshold; and the multi-label task's (a histogram per label,
-the decisions' counts, exact match).
+average precision and the tuned threshold; and the multi-label task's (a histogram per label, # feature: multilabel
+the decisions' counts, exact match). # feature: multilabel
+average precision and the tuned threshold. # feature: !multilabel
 
     python scripts/benchmark_metrics.py                   # default CNN + a 10^5-row table
     python scripts/benchmark_metrics.py --rows 20000 --steps 10 --json
 
-Three cases: the default config (the CNN on synthetic images, 10 classes), an MLP on a
-table of --rows rows, 10 % positives (two classes: the histogram too), and an MLP on a table
-of --rows rows with 8 tags (multi-label, thresholds tuned), as training builds them
+Three cases: the default config (the CNN on synthetic images, 10 classes), an MLP on a # feature: multilabel
+table of --rows rows, 10 % positives (two classes: the histogram too), and an MLP on a table # feature: multilabel
+of --rows rows with 8 tags (multi-label, thresholds tuned), as training builds them # feature: multilabel
+Two cases: the default config (the CNN on synthetic images, 10 classes) and an MLP on a # feature: !multilabel
+table of --rows rows, 10 % positives (two classes: the histogram too), as training builds them # feature: !multilabel
 (trainer.build_loaders). The epoch's time is --steps timed optimizer steps
 (after two warm-up steps) times the steps of an epoch. The metrics' cost is the time of the
 task's sums over the whole validation split plus its summarise, on model outputs computed
 beforehand (the forward pass is there with or without the metrics), less the same for the
-sums the task had before (loss, correct, count; multi-label: loss and count): the `extra`
+sums the task had before (loss, correct, count; multi-label: loss and count): the `extra` # feature: multilabel
+sums the task had before (loss, correct, count): the `extra` # feature: !multilabel
 share is what the new metrics add, `all` what every validation metric costs. Timings are
 medians of --repeats.
 """
@@ -55,6 +59,7 @@ def write_table(path: Path, rows: int) -> Path:
     return path
 
 
+# >>> multilabel
 def write_tags(path: Path, rows: int) -> Path:
     """A multi-label table: 8 tags, each present at its own rate (5 % to 40 %)."""
     g = torch.Generator().manual_seed(1)
@@ -70,6 +75,7 @@ def write_tags(path: Path, rows: int) -> Path:
             joined = "|".join(f"t{i}" for i, t in enumerate(on) if t)
             writer.writerow([f"{v:.4f}" for v in row] + [joined])
     return path
+# <<< multilabel
 
 
 def _sync(device: torch.device) -> None:
@@ -87,11 +93,13 @@ def old_sums(output: torch.Tensor, y: torch.Tensor) -> dict:
     }
 
 
+# >>> multilabel
 def bce_sums(output: torch.Tensor, y: torch.Tensor) -> dict:
     """A multi-label task's loss and count alone: the baseline of its metrics."""
     wide = sums_dtype(y.device)
     loss = F.binary_cross_entropy_with_logits(output.float(), y.float(), reduction="sum")
     return {"loss": loss.to(wide), "count": torch.full((), len(y), dtype=wide, device=y.device)}
+# <<< multilabel
 
 
 def validation_time(sums, summarise, batches, device) -> float:
@@ -132,7 +140,8 @@ def measure(name: str, cfg, steps: int, repeats: int) -> dict:
     new = statistics.median(
         validation_time(task.sums, task.summarise, outputs, device) for _ in range(repeats)
     )
-    baseline = bce_sums if task.targets == "labels" else old_sums
+    baseline = bce_sums if task.targets == "labels" else old_sums  # feature: multilabel
+    baseline = old_sums  # feature: !multilabel
     old = statistics.median(
         validation_time(baseline, lambda s: s, outputs, device) for _ in range(repeats)
     )
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         table = write_table(Path(folder) / "table.csv", args.rows)
-        tags = write_tags(Path(folder) / "tags.csv", args.rows)
+        tags = write_tags(Path(folder) / "tags.csv", args.rows)  # feature: multilabel
         cases = {
             "default CNN": config.load_config(None, args.overrides),
             f"{args.rows}-row table, MLP": config.load_config(
@@ -172,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     *args.overrides,
                 ],
             ),
+            # >>> multilabel
             f"{args.rows}-row multi-label table (8 labels), MLP": config.load_config(
                 None,
                 [
@@ -184,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     *args.overrides,
                 ],
             ),
+            # <<< multilabel
         }
         results = [measure(name, cfg, args.steps, args.repeats) for name, cfg in cases.items()]
     if args.json:

@@ -3,7 +3,8 @@ configs in configs/experiments/ and for trying the data formats before using you
 
     python scripts/make_demo_data.py              # all of them
     python scripts/make_demo_data.py csv          # only data/demo/*.csv (regression, classes,
-                                                  # classes_test, imbalanced, multilabel)
+                                                  # classes_test, imbalanced, multilabel)  # feature: multilabel
+                                                  # classes_test, imbalanced)  # feature: !multilabel
     python scripts/make_demo_data.py text         # only data/demo/text.txt  # feature: text
     python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
 # >>> text
@@ -36,8 +37,9 @@ def write_csv(out: Path) -> list[Path]:
     """regression.csv: y from 8 features (linear, an interaction and a sine, plus noise);
     classes.csv: 2,000 rows of 20 features in 3 classes (Gaussian blobs, partly overlapping);
     classes_test.csv: 500 more rows of the same classes, held out;
-    imbalanced.csv: 4,000 rows of 10 features, 10 % of them positive (fraud: yes);
-    multilabel.csv: 3,000 rows of 12 features, each with any of 4 tags ("dog|beach")."""
+    imbalanced.csv: 4,000 rows of 10 features, 10 % of them positive (fraud: yes); # feature: multilabel
+    multilabel.csv: 3,000 rows of 12 features, each with any of 4 tags ("dog|beach").""" # feature: multilabel
+    imbalanced.csv: 4,000 rows of 10 features, 10 % of them positive (fraud: yes).""" # feature: !multilabel
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 8, generator=g)
     y = 2 * x[:, 0] - x[:, 1] + 0.5 * x[:, 2] * x[:, 3] + torch.sin(2 * x[:, 4])
@@ -66,7 +68,8 @@ def write_csv(out: Path) -> list[Path]:
         [names[i] for i in labels.tolist()],
     )
     imbalanced = write_imbalanced(out / "imbalanced.csv", g)
-    return [regression, classes, test, imbalanced, write_multilabel(out / "multilabel.csv", g)]
+    return [regression, classes, test, imbalanced, write_multilabel(out / "multilabel.csv", g)]  # feature: multilabel
+    return [regression, classes, test, imbalanced]  # feature: !multilabel
 
 
 def write_imbalanced(path: Path, g: torch.Generator) -> Path:
@@ -80,6 +83,7 @@ def write_imbalanced(path: Path, g: torch.Generator) -> Path:
     return _table(path, [f"v{i}" for i in range(10)], rows, "fraud", names)
 
 
+# >>> multilabel
 def write_multilabel(path: Path, g: torch.Generator) -> Path:
     """A multi-label table: each of 4 tags is present where its own linear score of the 12
     features (plus noise) is high, at rates from about 10 % to 45 %, so a row has none, one
@@ -92,6 +96,7 @@ def write_multilabel(path: Path, g: torch.Generator) -> Path:
         "|".join(t for t, on in zip(tags, row, strict=True) if on) for row in present.tolist()
     ]
     return _table(path, [f"p{i}" for i in range(12)], rows, "tags", joined)
+# <<< multilabel
 
 
 def _table(path: Path, columns: list[str], x: torch.Tensor, label: str, y: list) -> Path:

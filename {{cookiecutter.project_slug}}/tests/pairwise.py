@@ -23,7 +23,7 @@ AXES: dict[str, list] = {
         "reg-csv-mlp",
         "lm-text",  # feature: text
         "cls-imbalanced-mlp",  # class weights auto, best.pt by macro-F1, a tuned threshold
-        "ml-tags-mlp",  # multi-label: pos_weight auto, best.pt by mAP, tuned thresholds
+        "ml-tags-mlp",  # multi-label: pos_weight auto, best.pt by mAP, tuned thresholds # feature: multilabel
         # >>> pretrained
         # Pretrained models, where their libraries are installed (the template's CI runs
         # these cases in the zoo environment of tests/test_zoo.py): a timm model on images

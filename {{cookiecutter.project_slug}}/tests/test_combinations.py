@@ -95,12 +95,14 @@ def family_args(task: str, data: Path) -> list[str]:
             f"data.path={data / 'imbalanced.csv'}",
             "model.width=16",
         ],
+        # >>> multilabel
         "ml-tags-mlp": [
             "--config",
             str(CONFIGS / "multilabel_table.yaml"),
             f"data.path={data / 'multilabel.csv'}",
             "model.width=16",
         ],
+        # <<< multilabel
         "reg-csv-mlp": [
             "--config",
             str(CONFIGS / "csv_regression.yaml"),
@@ -242,7 +244,8 @@ def data(demo_root, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("combination-data") / "demo"
     shutil.copytree(demo_root / "data" / "demo", root)
     tables = [("classes.csv", 400), ("regression.csv", 400), ("imbalanced.csv", 800)]
-    for name, rows in [*tables, ("multilabel.csv", 400)]:
+    for name, rows in [*tables, ("multilabel.csv", 400)]:  # feature: multilabel
+    for name, rows in tables:  # feature: !multilabel
         lines = (root / name).read_text().splitlines(keepends=True)
         (root / name).write_text("".join(lines[: rows + 1]))
     # >>> text

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import json  # feature: !fsdp|!text|!pretrained
+import json  # feature: !fsdp|!text|!pretrained|!multilabel
 import re  # feature: pretrained
 from pathlib import Path
 
 import pytest
-import torch  # feature: !fsdp|!text|!pretrained
+import torch  # feature: !fsdp|!text|!pretrained|!multilabel
 import yaml
 from conftest import CONFIGS, ROOT, missing_data_file
 
-from {{ cookiecutter.package_name }} import checkpoint  # feature: !fsdp|!text|!pretrained
+from {{ cookiecutter.package_name }} import checkpoint  # feature: !fsdp|!text|!pretrained|!multilabel
 from {{ cookiecutter.package_name }}.config import Config, flatten, from_dict, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
 # >>> text
 # >>> pretrained
+# >>> multilabel
 from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: fsdp
+# <<< multilabel
 # <<< pretrained
 # <<< text
-from {{ cookiecutter.package_name }}.errors import LEFT_OUT, CheckpointError, ConfigError  # feature: !fsdp|!text|!pretrained
+from {{ cookiecutter.package_name }}.errors import LEFT_OUT, UNUSED, CheckpointError, ConfigError  # feature: !fsdp|!text|!pretrained|!multilabel
 from {{ cookiecutter.package_name }}.models import MODELS, architecture, build_model  # feature: pretrained
 from {{ cookiecutter.package_name }}.models import build_model  # feature: !pretrained
 from {{ cookiecutter.package_name }}.models.zoo import Zoo  # feature: pretrained
@@ -374,20 +376,20 @@ def test_bad_loggers_name_the_item_and_the_closest_choice(value, messages):
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"run.loggers={value}"])
     assert all(message in str(err.value) for message in messages), str(err.value)
-# >>> !fsdp|!text|!pretrained
+# >>> !fsdp|!text|!pretrained|!multilabel
 
 
 def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_path):
     """A config or checkpoint of a project generated with more of the template's options
     (errors.LEFT_OUT): one line naming the option and the cruft command that brings it,
-    unless the setting is off (false), as in that project's config of a run that did not
-    use it."""
+    unless the setting holds the value meaning unused (errors.UNUSED, else false), as in
+    that project's config of a run that did not use it."""
     assert LEFT_OUT, "this project was generated without an option: LEFT_OUT names it"
     for key, option in LEFT_OUT.items():
         command = "cruft update --variables-to-update '" + json.dumps({option: "yes"}) + "'"
-        if "." in key:  # a config key (true; false is its value where unused), or key=value
+        if "." in key:  # a config key (true; unused: its UNUSED value), or key=value
             if "=" not in key:
-                load_config(None, [f"{key}=false"])
+                load_config(None, [f"{key}={json.dumps(UNUSED.get(key, False))}"])
             with pytest.raises(ConfigError) as caught:
                 load_config(None, [key if "=" in key else f"{key}=true"])
         else:  # an entry of a checkpoint file
@@ -398,4 +400,4 @@ def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_pat
         message = str(caught.value)
         assert f"needs the template option {option}, which this project was" in message, key
         assert message.endswith(command), message
-# <<< !fsdp|!text|!pretrained
+# <<< !fsdp|!text|!pretrained|!multilabel

@@ -307,13 +307,20 @@ def test_show_config_prints_every_setting_with_its_meaning_as_a_config_that_read
     from {{ cookiecutter.package_name }}.config import load_config, to_dict
     from {{ cookiecutter.package_name }}.tools.train import train_main
 
+    # >>> multilabel
     overrides = ["data.name=csv", "model.name=mlp", "task.name=multilabel", "train.lr=0.01",
                  f"run.output_dir={tmp_path / 'runs'}"]  # fmt: skip
+    # <<< multilabel
+    # >>> !multilabel
+    overrides = ["data.name=csv", "model.name=mlp", "task.name=classification", "train.lr=0.01",
+                 f"run.output_dir={tmp_path / 'runs'}"]  # fmt: skip
+    # <<< !multilabel
     assert train_main(["--show-config", *overrides]) == 0
     text = capsys.readouterr().out
     for line in ("  targets: auto  # auto: what task.name needs",
                  "  normalize: true  # standardise features",
-                 "  pos_weight: none  # Loss weight of each label's positives",
+                 "  pos_weight: none  # Loss weight of each label's positives",  # feature: multilabel
+                 "  class_weights: none  # Loss weight per class",  # feature: !multilabel
                  "  lr: 0.01  # peak learning rate", "  width: 64  # hidden units"):  # fmt: skip
         assert line in text, line
     (tmp_path / "shown.yaml").write_text(text)

@@ -149,7 +149,7 @@ def test_language_model_perplexity_is_exp_of_the_mean_token_loss():
         ("classification", {"num_targets": 1}, r"values \(floats\); use task.name=regression"),
         ("regression", {"num_classes": 3}, "task.name=regression needs numeric targets"),
         ("language_model", {"num_classes": 3}, "needs token data with a vocab_size"),
-        ("multilabel", {"num_classes": 3}, "needs a 0/1 vector of labels per sample"),
+        ("multilabel", {"num_classes": 3}, "needs a 0/1 vector of labels per sample"),  # feature: multilabel
     ],
 )
 def test_a_task_refuses_data_it_cannot_learn_from_in_one_line(name, data, message):

@@ -54,6 +54,9 @@ def holds_code(path, what: str | None = None) -> str:
 # key=value, a checkpoint's kind) and this one was generated without: {what: the option that
 # brings it}. A config or checkpoint of such a project is refused with that option, by name.
 LEFT_OUT: dict[str, str] = {}
+# The value a config key of LEFT_OUT holds where that project did not use it (its configs
+# write every key): such a config or checkpoint loads here. Not listed: false.
+UNUSED: dict[str, object] = {}
 # >>> !fsdp
 LEFT_OUT |= {"train.strategy=fsdp": "fsdp", "train.cpu_offload": "fsdp", "shards": "fsdp"}
 # <<< !fsdp
@@ -64,6 +67,16 @@ LEFT_OUT |= dict.fromkeys(("data.name=text", "data.name=text_table", "model.name
 LEFT_OUT |= {f"model.name={name}": "pretrained" for name in ("timm", "torchvision", "hf_image")}
 LEFT_OUT |= dict.fromkeys(("model.name=hf", "data.name=text_table"), "pretrained")  # feature: text
 # <<< !pretrained
+# >>> !multilabel
+LEFT_OUT |= dict.fromkeys(("task.name=multilabel", "data.labels", "data.label_sep"), "multilabel")
+UNUSED |= {"data.labels": "", "data.label_sep": "|"}  # an image folder's, a CSV table's
+# <<< !multilabel
+
+
+def unused(key: str, value) -> bool:
+    """Whether config key `key` of LEFT_OUT holds the value that means it was not used."""
+    off = UNUSED.get(key, False)
+    return key in LEFT_OUT and type(value) is type(off) and value == off
 
 
 def left_out(key: str, subject: str = "") -> str:

@@ -29,7 +29,7 @@ FIXED = (
     "model.name",
     "task.name",
     "task.class_weights",  # the loss trained on
-    "task.pos_weight",
+    "task.pos_weight",  # feature: multilabel
 )
 # Settings that say how to start, not how to train.
 NOT_SETTINGS = ("train.resume", "train.init_from")

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import LEFT_OUT, ConfigError
+from ..errors import LEFT_OUT, ConfigError, left_out, unused
 from ..utils.locks import replace_text
 from .schema import (
     COMPONENTS,
@@ -145,9 +145,9 @@ def _build(cls, data: Any, prefix: str):
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
-        # A key of a project generated with more options (errors.LEFT_OUT) set to false is
-        # not used there: a config or checkpoint of such a project loads here.
-        if key not in known and not (f"{prefix}{key}" in LEFT_OUT and data[key] is False):
+        # A key of a project generated with more options (errors.LEFT_OUT) that holds the
+        # value meaning "not used" there (false): a config or checkpoint of it loads here.
+        if key not in known and not unused(f"{prefix}{key}", data[key]):
             raise ConfigError(unknown_key(cls, prefix, str(key), data[key], _all_keys))
     values = {}
     for name in known & data.keys():
@@ -170,6 +170,10 @@ def _build_component(cls, data: dict, prefix: str):
     for key in data:
         if f"{section}.{key}" in RENAMED:
             raise ConfigError(unknown_key(cls, prefix, str(key), data[key], _all_keys))
+        if key not in common | own and unused(f"{section}.{key}", data[key]):
+            continue  # a fuller project's option, not used by its run (errors.UNUSED)
+        if f"{section}.{key}" in LEFT_OUT and key not in common | own:
+            raise ConfigError(left_out(f"{section}.{key}", f"config key '{section}.{key}'"))
         if key not in common | own:
             raise ConfigError(_unknown_option(section, name, str(key), common | own))
     values = {

@@ -7,9 +7,9 @@ section, beside `name`) and "train", "val", or "all" when it has one pool of sam
 stratified by class). `dataset[i]` is a pair `(x, y)` of tensors:
 - x: float features of any shape, (F,) or (C, H, W), or int64 token ids (T,);
 - y: an int64 class id ("class" targets; set `num_classes`), float values of shape () or
-  (K,) ("value" targets; set `num_targets`), a float 0/1 vector (L,) ("labels" targets, for
-  multi-label; set `num_labels` and `label_names`, or `num_targets`), or int64 tokens (T,)
-  (set `vocab_size`).
+  (K,) ("value" targets; set `num_targets`), a float 0/1 vector (L,) ("labels" targets, any
+  number of L labels per sample; set `num_labels` and `label_names`, or `num_targets`), or
+  int64 tokens (T,) (set `vocab_size`).
 Optional: `classes` (class names), `meta` (what prediction needs to read new inputs), and
 `prepare(indices, meta)`, which learns preprocessing (e.g. normalisation) from the training
 rows `indices`, or applies a checkpoint's `meta`, and returns the meta. The mean and std of

@@ -8,9 +8,12 @@
       name: classification      # or regression (numeric labels)
 
 Labels are class names or numbers for classification (ids follow the sorted names) and numbers
+for regression. # feature: !multilabel
+# >>> multilabel
 for regression. Multi-label (task.name=multilabel) reads either several 0/1 columns
 (`label: [beach, dog, sunset]`; 1/0, true/false, yes/no) or one column of label names joined
 by `label_sep` (`dog|beach`, empty for none; the labels are the training table's, sorted).
+# <<< multilabel
 Features are standardised with the mean and standard deviation of the
 training rows only (a constant column's std counts as 1); those statistics, the feature names
 and the class names travel in every checkpoint (`meta`), so evaluation and prediction read
@@ -33,7 +36,8 @@ import torch
 
 from ..errors import ConfigError
 from .in_memory import InMemoryDataset, mean_and_std
-from .label_sets import is_number, label_columns, label_matrix, label_names, sorted_names
+from .label_sets import label_matrix, label_names  # feature: multilabel
+from .targets import is_number, sorted_names
 
 
 @dataclass
@@ -43,11 +47,18 @@ class Options:
     # A held-out test table (same columns): never trained on nor used to choose best.pt;
     # scored once at the end of training and by evaluate.py --split test
     test_path: str = ""
+    # >>> multilabel
     # The target column; multi-label: a list of 0/1 columns, or one column of joined labels
     label: str | list[str] = "label"
     label_sep: str = "|"  # multi-label from one column: the separator between its labels
     features: str = ""  # comma-separated feature columns; "" = every column but the labels
     targets: Literal["auto", "class", "value", "labels"] = "auto"  # auto: what task.name needs
+    # <<< multilabel
+    # >>> !multilabel
+    label: str = "label"  # the target column
+    features: str = ""  # comma-separated feature columns; "" = every column but the label
+    targets: Literal["auto", "class", "value"] = "auto"  # auto: what task.name needs
+    # <<< !multilabel
     normalize: bool = True  # standardise features with the training rows' mean and std
 
 
@@ -64,11 +75,13 @@ class CSVTable(InMemoryDataset):
         return bool(opts.test_path)
 
     def __init__(self, opts: Options, split: str):
+        # >>> multilabel
         if not isinstance(opts.label, str) and opts.targets != "labels":
             raise ConfigError(
                 f"data.label is a list of columns {opts.label[:5]}, which only multi-label "
                 "targets read (task.name=multilabel); give one column for this task"
             )
+        # <<< multilabel
         self.opts = opts
         key = {"val": "data.val_path", "test": "data.test_path"}.get(split, "data.path")
         self.path = path = Path(getattr(opts, key.removeprefix("data.")))
@@ -76,6 +89,7 @@ class CSVTable(InMemoryDataset):
         self.features, self.x, labels = read_table(path, key, opts)
         self.num_classes = self.num_targets = self.num_labels = None
         self.test_labels = self.label_names = None
+        # >>> multilabel
         if opts.targets == "labels":
             names = None  # the training table's, or (test split) the model's in prepare
             if split == "val":
@@ -84,6 +98,8 @@ class CSVTable(InMemoryDataset):
             if split != "test":
                 self._set_labels(names or label_names(labels, opts))
         elif opts.targets == "value":
+        # <<< multilabel
+        if opts.targets == "value":  # feature: !multilabel
             self.y = _numbers(labels, path, opts.label).unsqueeze(1)  # (N, 1) targets
             self.num_targets = 1
             self.classes = None
@@ -98,6 +114,7 @@ class CSVTable(InMemoryDataset):
             self.y = _class_ids(labels, self.classes, path, opts.label)
             self.num_classes = len(self.classes)
         self.meta = {"features": self.features, "label": opts.label, "classes": self.classes}
+        # >>> multilabel
         if opts.targets == "labels":  # what predict.py needs to read a table's labels
             self.meta |= {"labels": self.label_names, "label_sep": opts.label_sep}
 
@@ -107,6 +124,7 @@ class CSVTable(InMemoryDataset):
         self.y = label_matrix(self.test_labels, names, self.path, self.opts)
         if hasattr(self, "meta"):
             self.meta = {**self.meta, "labels": names}
+        # <<< multilabel
 
     def match_columns(self, names: list[str], source: str) -> None:
         """Take the feature columns in the order of `names`, the feature names of `source`
@@ -137,6 +155,7 @@ class CSVTable(InMemoryDataset):
     def prepare(self, indices, meta: dict | None) -> dict:
         """Standardise with the statistics of the training rows `indices` (or `meta`'s, whose
         feature columns match_columns has matched)."""
+        # >>> multilabel
         if meta is not None and self.opts.targets == "labels":
             if self.label_names is None:  # the test split: the model's labels
                 self._set_labels(list(meta.get("labels") or []))
@@ -147,6 +166,8 @@ class CSVTable(InMemoryDataset):
                     f"{_listed(meta.get('labels') or [])} then); give it the same labels"
                 )
         elif meta is not None and self.test_labels is not None:
+        # <<< multilabel
+        if meta is not None and self.test_labels is not None:  # feature: !multilabel
             self.classes = meta.get("classes") or []
             self.y = _class_ids(self.test_labels, self.classes, self.path, self.opts.label)
             self.num_classes, self.meta = len(self.classes), {**self.meta, "classes": self.classes}
@@ -180,7 +201,7 @@ def read_table(path: Path, key: str, opts: Options) -> tuple[list[str], torch.Te
         )
     # Column positions by name: one dict, so a table of 100,000 columns reads in linear time.
     position = {name: i for i, name in enumerate(header)}
-    targets = label_columns(opts)
+    targets = [opts.label] if isinstance(opts.label, str) else list(opts.label)
     absent = next((c for c in targets if c not in position), None)
     if absent is not None:
         raise ConfigError(

@@ -16,9 +16,12 @@ sub-folders too); other files are ignored. Every image becomes RGB, image_size x
 scaled to [0, 1] and normalised with mean and std; these and the class names travel in every
 checkpoint (`meta`), so evaluation and prediction read new images the same way.
 
+# >>> multilabel
 Multi-label (task.name=multilabel): `labels: data/photos/labels.csv`, a CSV of `file,labels`
 rows (the file relative to root, its labels joined by label_sep), names the images and their
 labels; data.val_fraction of them validates.
+
+# <<< multilabel
 
 Training samples are augmented (augment: true), the held-out part of a pool is not: a random
 shift (reflect-pad, then crop back) and, with hflip, a random mirror image, drawn from a seed
@@ -38,7 +41,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError
 from .image_decode import decode, pillow
-from .label_sets import image_labels
+from .label_sets import image_labels  # feature: multilabel
 
 # How images are read for models trained here (the options' auto without a pretrained model).
 OWN = {"image_size": 32, "interpolation": "bilinear", "mean": "0.5", "std": "0.5"}
@@ -70,9 +73,11 @@ class Options:
     # Held-out test images in class folders, never trained on nor used to choose best.pt;
     # "" = root/test when it exists (so no class may be named "test")
     test_root: str = ""
+    # >>> multilabel
     # Multi-label: a CSV of file,labels rows (labels joined by label_sep); "" = class folders
     labels: str = ""
     label_sep: str = "|"
+    # <<< multilabel
 
     def checks(self):
         mean, std = _per_channel(self.mean), _per_channel(self.std)
@@ -91,7 +96,8 @@ class ImageFolder(Dataset):
     @staticmethod
     def has_val_split(opts: Options) -> bool:
         root = Path(opts.root)
-        return not opts.labels and (root / "train").is_dir() and (root / "val").is_dir()
+        return not opts.labels and (root / "train").is_dir() and (root / "val").is_dir()  # feature: multilabel
+        return (root / "train").is_dir() and (root / "val").is_dir()  # feature: !multilabel
 
     @staticmethod
     def from_model(opts: Options, prep: dict) -> Options:
@@ -107,13 +113,15 @@ class ImageFolder(Dataset):
 
     @staticmethod
     def has_test_split(opts: Options) -> bool:
-        return not opts.labels and (bool(opts.test_root) or (Path(opts.root) / "test").is_dir())
+        return not opts.labels and (bool(opts.test_root) or (Path(opts.root) / "test").is_dir())  # feature: multilabel
+        return bool(opts.test_root) or (Path(opts.root) / "test").is_dir()  # feature: !multilabel
 
     def __init__(self, opts: Options, split: str):
         pillow()  # missing: one line now, not an error in every loader worker later
         self.opts = opts
         root = Path(opts.root)
         self.classes = self.num_classes = self.num_labels = self.label_names = None
+        # >>> multilabel
         if opts.labels:  # multi-label: the files and labels its CSV names
             self.files, self.y, self.label_names = image_labels(
                 root, Path(opts.labels), opts.label_sep
@@ -121,6 +129,7 @@ class ImageFolder(Dataset):
             self.num_labels, self.path = len(self.label_names), root
             self._finish(opts, split)
             return
+        # <<< multilabel
         halves = [name for name in ("train", "val") if (root / name).is_dir()]
         if len(halves) == 1:  # a split folder without its other half: not a class folder
             other = "val" if halves == ["train"] else "train"
@@ -154,7 +163,7 @@ class ImageFolder(Dataset):
     def _meta(self) -> dict:
         return {
             "classes": self.classes,
-            **({"labels": self.label_names} if self.label_names is not None else {}),
+            **({"labels": self.label_names} if self.label_names is not None else {}),  # feature: multilabel
             "image_size": self.size,
             "crop_pct": self.crop_pct,
             "interpolation": self.interpolation,
@@ -170,7 +179,8 @@ class ImageFolder(Dataset):
         if indices is not None and self.opts.augment:
             self.augmented[torch.as_tensor(list(indices), dtype=torch.int64)] = True
         if meta is not None:
-            if (meta.get("classes"), meta.get("labels")) != (self.classes, self.label_names):
+            if (meta.get("classes"), meta.get("labels")) != (self.classes, self.label_names):  # feature: multilabel
+            if meta.get("classes") != self.classes:  # feature: !multilabel
                 raise ConfigError(
                     f"image folder {self.opts.root!r} has the classes {self.classes}, the "
                     f"training run had {meta.get('classes')}; evaluate on the same classes"

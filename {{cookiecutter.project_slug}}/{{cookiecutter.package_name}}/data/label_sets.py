@@ -11,28 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from ..errors import ConfigError
-
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def sorted_names(labels) -> list[str]:
-    """The distinct names of `labels`, in numeric order where all are numbers (2 before 10),
-    else in text order: the order of a table's classes, and of its labels."""
-    names = set(labels)
-    numeric = all(is_number(n) for n in names)
-    return sorted(names, key=float) if numeric else sorted(names)
-
-
-def label_columns(opts) -> list[str]:
-    """The label column(s): data.label, a list of columns or one column."""
-    return [opts.label] if isinstance(opts.label, str) else list(opts.label)
-
+from .targets import sorted_names
 
 _TRUE, _FALSE = ("1", "1.0", "true", "yes"), ("0", "0.0", "false", "no", "")
 

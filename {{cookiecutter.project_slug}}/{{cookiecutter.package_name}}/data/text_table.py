@@ -29,7 +29,7 @@ import torch
 
 from ..errors import ConfigError, first_line
 from .in_memory import InMemoryDataset
-from .label_sets import sorted_names
+from .targets import sorted_names
 
 LONGEST = 512  # max_length=0 takes the tokenizer's limit, at most this (some say 10^30)
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .classification import Classification
 from .language_model import LanguageModel
-from .multilabel import MultiLabel
+from .multilabel import MultiLabel  # feature: multilabel
 from .protocol import check_task
 from .regression import Regression
 
@@ -52,7 +52,7 @@ TASKS = {
     "classification": Classification,
     "regression": Regression,
     "language_model": LanguageModel,
-    "multilabel": MultiLabel,
+    "multilabel": MultiLabel,  # feature: multilabel
 }
 
 

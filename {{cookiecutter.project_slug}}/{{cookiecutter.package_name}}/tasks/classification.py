@@ -45,7 +45,8 @@ class Options:
 
 def weights_ok(weights, zero_ok: bool) -> bool:
     """none, auto, or a non-empty list / mapping of finite weights > 0 (>= 0 with `zero_ok`,
-    not all zero): task.class_weights, multi-label's task.pos_weight."""
+    not all zero): task.class_weights, multi-label's task.pos_weight.""" # feature: multilabel
+    not all zero): task.class_weights.""" # feature: !multilabel
     if isinstance(weights, str):
         return weights in ("none", "auto")
     values = list(weights.values()) if isinstance(weights, dict) else list(weights)

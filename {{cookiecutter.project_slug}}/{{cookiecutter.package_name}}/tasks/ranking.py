@@ -4,7 +4,7 @@ they add up over batches and ranks like every other metric: a fixed-bin score hi
 `histogram` counts, per label, the positives and negatives whose score (a probability in
 [0, 1]) falls in each of BINS equal bins: a (L, 2, BINS) tensor, [l, 0] negatives and
 [l, 1] positives, summed by the one all-reduce of the task's sums (one bincount per batch
-on the device). Binary classification is L = 1; a multi-label task has one row per label.
+on the device). Binary classification is L = 1; a task of L labels has one row per label.
 
 Error bound. Inside a bin all scores count as tied. AUROC is the trapezoid over the bin
 edges, i.e. the Mann-Whitney statistic with each (positive, negative) pair in one bin counted

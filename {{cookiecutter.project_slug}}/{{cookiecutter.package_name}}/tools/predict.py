@@ -60,8 +60,10 @@ def predict_rows(
     trained: Trained, x: torch.Tensor, device: torch.device, batch_size: int, amp: str = "off"
 ) -> list[list]:
     """The model's predictions for `x`, batch by batch, under `amp`: the task's rows of its
-    decoded outputs (`rows`: a classifier's class, its probability and every class's; a
-    multi-label model's labels, probabilities and decisions), else the values themselves."""
+    decoded outputs (`rows`: a classifier's class, its probability and every class's; a # feature: multilabel
+    multi-label model's labels, probabilities and decisions), else the values themselves.""" # feature: multilabel
+    decoded outputs (`rows`: a classifier's class, its probability and every class's), else # feature: !multilabel
+    the values themselves.""" # feature: !multilabel
     model, rows, task = trained.model.to(device), [], trained.task
     for start in range(0, len(x), batch_size):
         with autocast(device, amp):
@@ -108,7 +110,8 @@ def predict(
 ) -> dict:
     """Predict every input under `amp` (None: the checkpoint's train.amp); write the CSV to
     `out` (stdout when None). Returns {"rows": n, "accuracy": of labelled classification
-    rows (multi-label: the exact match ratio), else None, "amp": the mixed precision used}."""
+    rows (multi-label: the exact match ratio), else None, "amp": the mixed precision used}.""" # feature: multilabel
+    rows, else None, "amp": the mixed precision used}.""" # feature: !multilabel
     target = check_options(batch_size, device)
     trained = load_trained(checkpoint)
     if trained.cfg.task.name == "language_model":
@@ -124,8 +127,9 @@ def predict(
     if out:  # after the inputs, so that a bad one is named first; before the model runs
         outputs.check_out(Path(out), [checkpoint, *inputs], is_predictions, force)
     header = columns(trained)
-    # Labels given are scored for a classifier (accuracy) and a multi-label model (exact match)
-    scored = trained.classes or trained.task.targets == "labels"
+    # Labels given are scored for a classifier (accuracy) and a multi-label model (exact match) # feature: multilabel
+    scored = trained.classes or trained.task.targets == "labels"  # feature: multilabel
+    scored = trained.classes  # labels given score a classifier (accuracy) # feature: !multilabel
     table, correct, labelled = [], 0, 0
     for _, ids, x, labels in sources:
         for i, row in enumerate(predict_rows(trained, x, target, batch_size, amp)):

@@ -18,7 +18,7 @@ import torch
 from ..data import example_batch
 from ..data.csv_table import is_number
 from ..data.image_folder import EXTENSIONS, decode
-from ..data.label_sets import joined, table_labels
+from ..data.label_sets import joined, table_labels  # feature: multilabel
 from ..errors import ConfigError
 from .inference import Trained, validation_set
 # >>> pretrained
@@ -89,8 +89,8 @@ def read_csv(path: Path, trained: Trained) -> tuple[list[str], torch.Tensor, lis
     x = torch.tensor(values, dtype=torch.float32)
     x = (x - torch.tensor(meta["mean"])) / torch.tensor(meta["std"])
     label, ids = meta.get("label"), [f"{path}:{i + 2}" for i in range(len(rows))]  # file:line
-    if isinstance(meta.get("labels"), list):  # multi-label: each row's labels, joined
-        return ids, x, table_labels(header, rows, meta, path)
+    if isinstance(meta.get("labels"), list):  # multi-label: each row's labels, joined # feature: multilabel
+        return ids, x, table_labels(header, rows, meta, path)  # feature: multilabel
     labels = [row[at[label]].strip() for row in rows] if label in at else None
     if labels is not None:
         _check_labels(labels, meta.get("classes"), name, label)
@@ -192,10 +192,12 @@ def _labels(y, trained: Trained, name: str, n: int) -> list:
             )
         return [trained.classes[i] for i in y.tolist()]
     values = y.view(n, -1).tolist()
+    # >>> multilabel
     if trained.task.targets == "labels" and values:  # multi-label: 0/1 per label, joined
         names = trained.task.label_names
         if len(values[0]) == len(names) and all(v in (0, 1) for v in values[0]):
             return [joined(names, row) for row in values]
+    # <<< multilabel
     if values and len(values[0]) != trained.io["num_outputs"]:
         raise ConfigError(
             f"{name}: y has {len(values[0])} values per input, the model predicts "

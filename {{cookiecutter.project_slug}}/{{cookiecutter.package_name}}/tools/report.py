@@ -1,7 +1,9 @@
 """The evaluation report that scripts/evaluate.py writes beside the checkpoint, in
 <checkpoint stem>_report/: report.json (the metrics, and per class: precision, recall, F1,
-support, and the confusion matrix; multi-label: per label, with its average precision and
-its 2 x 2 counts), per_class.csv, and a picture: confusion_matrix.png for a classifier,
+support, and the confusion matrix; multi-label: per label, with its average precision and # feature: multilabel
+its 2 x 2 counts), per_class.csv, and a picture: confusion_matrix.png for a classifier, # feature: multilabel
+support, and the confusion matrix), per_class.csv, and a picture: confusion_matrix.png for a # feature: !multilabel
+classifier, # feature: !multilabel
 pred_vs_true.png for regression. matplotlib is optional: without it the pictures
 are skipped with a one-line note.
 
@@ -42,7 +44,8 @@ class Collector:
         """`decide(probabilities)`: the task's class decision (classification's threshold
         for two classes); the most probable class without it."""
         self.task, self.k, self.decide = task, num_outputs, decide
-        shape = (num_outputs, 2, 2) if task == "multilabel" else (num_outputs, num_outputs)
+        shape = (num_outputs, 2, 2) if task == "multilabel" else (num_outputs, num_outputs)  # feature: multilabel
+        shape = (num_outputs, num_outputs)  # feature: !multilabel
         self.confusion = torch.zeros(shape, dtype=torch.int64, device=device)
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # regression (pred, true)
 
@@ -51,12 +54,14 @@ class Collector:
             pred = self.decide(output.float().softmax(-1)) if self.decide else output.argmax(-1)
             cells = torch.bincount(y * self.k + pred, minlength=self.k * self.k)
             self.confusion += cells.view(self.k, self.k)  # rows: true class, columns: predicted
+        # >>> multilabel
         elif self.task == "multilabel":  # output: probabilities; [label, true, predicted]
             pred, label = self.decide(output.float()), torch.arange(self.k, device=y.device)
             cells = torch.bincount(
                 (label * 4 + y.long() * 2 + pred).flatten(), minlength=4 * self.k
             )
             self.confusion += cells.view(self.k, 2, 2)
+        # <<< multilabel
         elif self.task == "regression":
             self.pairs.append(
                 (output.float().view(len(y), -1).cpu(), y.float().view(len(y), -1).cpu())
@@ -95,6 +100,7 @@ def per_class(confusion: torch.Tensor, classes: list[str]) -> list[dict]:
     return rows
 
 
+# >>> multilabel
 def per_label(confusion: torch.Tensor, labels: list[str], metrics: dict) -> list[dict]:
     """Precision, recall, F1, average precision and support (positives) of each label from
     its 2 x 2 counts [true, predicted] at the task's thresholds and the metrics' AP."""
@@ -112,6 +118,7 @@ def per_label(confusion: torch.Tensor, labels: list[str], metrics: dict) -> list
             }
         )
     return rows
+# <<< multilabel
 
 
 def _write_table(path: Path, rows: list[dict]) -> None:
@@ -193,12 +200,14 @@ def _write_files(
         }
         report["confusion_matrix"] = collector.confusion.cpu().tolist()
         _write_table(out_dir / "per_class.csv", rows)
+    # >>> multilabel
     if collector.task == "multilabel":
         names = classes or [str(i) for i in range(collector.k)]
         rows = per_label(collector.confusion.cpu(), names, metrics)
         report["per_label"] = rows
         report["label_confusion"] = collector.confusion.cpu().tolist()  # [label][true][pred]
         _write_table(out_dir / "per_class.csv", rows)
+    # <<< multilabel
     locks.replace_text(out_dir / "report.json", json.dumps(report, indent=2))
     if not available():
         return [f"note: matplotlib is not installed; no pictures ({INSTALL_HINT})"]

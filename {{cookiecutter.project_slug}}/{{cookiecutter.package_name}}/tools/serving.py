@@ -19,7 +19,7 @@ class Serving(nn.Module):
     """The model as a caller outside this project uses it: raw inputs standardised with the
     training data's statistics (CSV columns, image channels), and the outputs decoded as the
     task decodes them for predict.py (`head`: regression's targets mapped back to their
-    units, multi-label's sigmoid; none for logits)."""
+    units, a sigmoid per label; none for logits)."""
 
     def __init__(
         self, model: nn.Module, inputs=None, head: nn.Module | None = None, positions=None

@@ -95,6 +95,13 @@ FEATURES = {
         "tests/test_text.py",
         "tests/test_hf_text.py",
     ),
+    "images": (
+        "{package}/data/image_folder.py",
+        "{package}/data/image_decode.py",
+        "{package}/tools/predict_images.py",
+        "configs/experiments/image_folder.yaml",
+        "tests/test_image_folder.py",
+    ),
     # A file in two features' lists goes where either is left out: Hugging Face text
     # classifiers (data.name=text_table) are text and pretrained models.
     "pretrained": (
@@ -129,6 +136,9 @@ PRESETS = {
     "full": dict.fromkeys(FEATURES, "yes"),
     "lean": dict.fromkeys(FEATURES, "no"),
 }
+# A chosen feature brings the features it needs, whatever their own answers: pretrained
+# models fine-tune on image folders and read image files as their weights were trained.
+BRINGS = {"pretrained": ("images",)}
 # A block of lines that belongs to feature NAME, in the comment syntax of its file:
 #   # >>> NAME ... # <<< NAME    or, in Markdown,    <!-- >>> NAME --> ... <!-- <<< NAME -->
 # and one line: a trailing `# feature: NAME` (or `<!-- feature: NAME -->`). The marks are
@@ -148,7 +158,11 @@ def chosen_features(answers: dict) -> dict[str, bool]:
     """{feature: chosen}, each "preset" answer resolved through the preset."""
     preset = PRESETS.get(answers.get("preset", "full"), PRESETS["full"])
     values = {name: answers.get(name, "preset") for name in FEATURES}
-    return {name: (preset[name] if v == "preset" else v) == "yes" for name, v in values.items()}
+    chosen = {name: (preset[name] if v == "preset" else v) == "yes" for name, v in values.items()}
+    for name, needs in BRINGS.items():
+        if chosen[name]:
+            chosen |= dict.fromkeys(needs, True)
+    return chosen
 
 
 def wanted(name: str, chosen: dict[str, bool]) -> bool:

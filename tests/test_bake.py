@@ -109,6 +109,7 @@ EXPECTED = {
     "PKG/tools/predict.py",
     "PKG/tools/predict_inputs.py",
     "PKG/tools/predict_text.py",
+    "PKG/tools/predict_images.py",
     "PKG/tools/generate.py",
     "PKG/tools/outputs.py",
     "PKG/tools/export.py",
@@ -324,6 +325,13 @@ FEATURE_FILES = {
         "tests/test_text.py",
         "tests/test_hf_text.py",
     },
+    "images": {
+        "PKG/data/image_folder.py",
+        "PKG/data/image_decode.py",
+        "PKG/tools/predict_images.py",
+        "configs/experiments/image_folder.yaml",
+        "tests/test_image_folder.py",
+    },
     "pretrained": {
         *(f"PKG/{name}.py" for name in ("models/zoo", "models/hf", "data/text_table")),
         "PKG/tools/predict_text.py",
@@ -376,6 +384,13 @@ FEATURE_TRACES = {
         r"|\[vision\]|\.\[vision|\[hf\]|finetune_image_folder|text_table|Hugging Face"
         r"|save_pretrained|model\.name=(timm|torchvision|hf)\b"
     ),
+    # images' words: image folders, decoding image files, Pillow. The CNN and the synthetic
+    # images it trains on by default are in every project.
+    "images": re.compile(
+        r"image_folder|image_decode|ImageFolder|pillow|\bPIL\b|\[images\]|read_images"
+        r"|IMAGE_SUFFIXES|write_images|crop_pct|\bphotos\b",
+        re.IGNORECASE,
+    ),
     # multilabel's words. The "labels" kind of targets (a 0/1 vector per sample) stays: it is
     # the task protocol's, for a task of your own, and so do class imbalance's tools.
     "multilabel": re.compile(
@@ -414,7 +429,10 @@ CASES = covering_cases()
 
 
 def chosen(case: dict, feature: str) -> bool:
-    """The README's rule: a feature answered "preset" is in the full preset, not in lean."""
+    """The README's rules: a feature answered "preset" is in the full preset, not in lean;
+    pretrained models bring image folders."""
+    if feature == "images" and chosen(case, "pretrained"):
+        return True
     value = case[feature]
     return case["preset"] == "full" if value == "preset" else value == "yes"
 

@@ -140,6 +140,7 @@ FEATURE_TRACES = {
     "pretrained": (["my_pytorch_project/models/zoo.py"], "pyproject.toml", "timm"),
     "trackers": (["my_pytorch_project/utils/tracker_wandb.py"], "configs/default.yaml", "mlflow"),
     "multilabel": (["my_pytorch_project/tasks/multilabel.py"], "docs/data.md", "label_sep"),
+    "images": (["my_pytorch_project/data/image_folder.py"], "pyproject.toml", "pillow"),
     "sweeps": (
         ["scripts/sweep.py", "my_pytorch_project/tools/sweep.py", "docs/sweeps.md"],
         "pyproject.toml",

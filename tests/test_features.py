@@ -58,6 +58,30 @@ def test_a_preset_answer_takes_the_preset_s_value(post, answers, expected):
     assert post.chosen_features({"gpu_check": "preset", **answers})["gpu_check"] is expected
 
 
+@pytest.mark.parametrize(
+    ("answers", "images"),
+    [
+        ({"preset": "lean", "pretrained": "yes", "images": "no"}, True),
+        ({"preset": "lean", "pretrained": "yes"}, True),
+        ({"preset": "full", "pretrained": "no", "images": "no"}, False),
+        ({"preset": "lean", "images": "yes"}, True),
+    ],
+)
+def test_a_feature_brings_what_it_needs_whatever_its_answer(post, answers, images):
+    """Pretrained models fine-tune on image folders: choosing them brings images."""
+    assert post.BRINGS == {"pretrained": ("images",)}
+    assert post.chosen_features(answers)["images"] is images
+
+
+def test_the_bake_tests_choose_features_as_the_hook_does(post):
+    """tests/test_bake.py's expectations follow the hook's rules, for every case it bakes."""
+    import test_bake
+
+    for case in test_bake.CASES:
+        hook = post.chosen_features(case)
+        assert {f: test_bake.chosen(case, f) for f in post.FEATURES} == hook, case
+
+
 def test_every_feature_file_is_in_the_template(post):
     for feature, paths in post.FEATURES.items():
         for path in paths:

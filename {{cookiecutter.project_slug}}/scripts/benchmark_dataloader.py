@@ -2,7 +2,8 @@
 and suggest one.
 
     python scripts/benchmark_dataloader.py                      # the default config
-    python scripts/benchmark_dataloader.py --config configs/experiments/image_folder.yaml
+    python scripts/benchmark_dataloader.py --config configs/experiments/image_folder.yaml  # feature: images
+    python scripts/benchmark_dataloader.py --config configs/experiments/csv_regression.yaml  # feature: !images
     python scripts/benchmark_dataloader.py --workers 0 2 4 8 --batches 200 --json
 
 The loader is built exactly as training builds it (trainer.build_data, then data.build_loader,

@@ -6,7 +6,7 @@ configs in configs/experiments/ and for trying the data formats before using you
                                                   # classes_test, imbalanced, multilabel)  # feature: multilabel
                                                   # classes_test, imbalanced)  # feature: !multilabel
     python scripts/make_demo_data.py text         # only data/demo/text.txt  # feature: text
-    python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png
+    python scripts/make_demo_data.py images       # only data/demo/images/<class>/NNN.png  # feature: images
 # >>> text
     python scripts/make_demo_data.py tickets      # only data/demo/tickets.csv (text, label)  # feature: pretrained
 # <<< text
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 try:
-    from {{ cookiecutter.package_name }}.data.synthetic import Options, SyntheticGratings
+    from {{ cookiecutter.package_name }}.data.synthetic import Options, SyntheticGratings  # feature: images
     from {{ cookiecutter.package_name }}.tools.cli import Parser
 except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
     import _bootstrap
@@ -160,6 +160,7 @@ def write_text(out: Path) -> list[Path]:
 
 
 # <<< text
+# >>> images
 def write_images(out: Path) -> list[Path]:
     """images/<class>/NNN.png: 480 noisy gratings of 32x32 pixels in 6 classes (orientation
     and colour tell them apart), the image_folder layout with one pool of images."""
@@ -177,6 +178,7 @@ def write_images(out: Path) -> list[Path]:
         Image.fromarray(image).save(folder / name / f"{counts[label]:03d}.png")
         counts[label] += 1
     return [folder]
+# <<< images
 
 
 # >>> text
@@ -210,7 +212,8 @@ def write_tickets(out: Path) -> list[Path]:
 # <<< text
 
 
-WRITERS = {"csv": write_csv, "images": write_images}
+WRITERS = {"csv": write_csv}
+WRITERS["images"] = write_images  # feature: images
 WRITERS["text"] = write_text  # feature: text
 # >>> text
 WRITERS["tickets"] = write_tickets  # feature: pretrained

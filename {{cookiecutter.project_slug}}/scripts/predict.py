@@ -1,7 +1,7 @@
 r"""Predict with a trained checkpoint; the preprocessing comes from the checkpoint.
 
     python scripts/predict.py --checkpoint checkpoints/default/best.pt data/new.csv --out preds.csv
-    python scripts/predict.py --checkpoint checkpoints/default/best.pt photos/ img.png
+    python scripts/predict.py --checkpoint checkpoints/default/best.pt photos/ img.png  # feature: images
     python scripts/predict.py --checkpoint checkpoints/default/best.pt x.pt    # {"x": (N, ...)}
     python scripts/predict.py --checkpoint checkpoints/default/best.pt --split val --out val.csv
     python scripts/predict.py --checkpoint checkpoints/lm/best.pt --prompt "Once" --tokens 200  # feature: text

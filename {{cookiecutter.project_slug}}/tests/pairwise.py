@@ -19,7 +19,7 @@ AXES: dict[str, list] = {
     "task": [
         "cls-synthetic-cnn",
         "cls-csv-mlp",
-        "cls-images-cnn",
+        "cls-images-cnn",  # feature: images
         "reg-csv-mlp",
         "lm-text",  # feature: text
         "cls-imbalanced-mlp",  # class weights auto, best.pt by macro-F1, a tuned threshold
@@ -62,7 +62,10 @@ AXES: dict[str, list] = {
 }
 
 IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn", "cls-images-timm")  # feature: pretrained
-IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn")  # feature: !pretrained
+# >>> !pretrained
+IMAGE_TASKS = ("cls-synthetic-cnn", "cls-images-cnn")  # feature: images
+IMAGE_TASKS = ("cls-synthetic-cnn",)  # feature: !images
+# <<< !pretrained
 
 # What a value costs a case on CPU, in pairs it must cover to be worth it: two ranks start
 # three processes per launch (torchrun and its ranks), and compiling costs more than

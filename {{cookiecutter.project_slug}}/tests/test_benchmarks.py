@@ -55,12 +55,14 @@ def test_dataloader_benchmark_names_a_bad_key_in_one_line(capsys):
 
 
 @pytest.mark.slow
-def test_dataloader_benchmark_reads_the_image_folder_example_with_workers(demo_data, capsys):
-    config = str(CONFIGS / "experiments" / "image_folder.yaml")
+def test_dataloader_benchmark_reads_an_example_with_workers(demo_data, capsys):
+    config = str(CONFIGS / "experiments" / "image_folder.yaml")  # feature: images
+    config = str(CONFIGS / "experiments" / "csv_regression.yaml")  # feature: !images
     args = ["--config", config, "--workers", "0", "1", "--batches", "2", "--repeats", "1"]
     assert loader_bench.main([*args, "--json"]) == 0  # in-process: faster
     result = json.loads(capsys.readouterr().out)
-    assert result["dataset"] == "image_folder" and result["configured_num_workers"] == 2
+    assert result["dataset"] == "image_folder" and result["configured_num_workers"] == 2  # feature: images
+    assert result["dataset"] == "csv" and result["configured_num_workers"] == 0  # feature: !images
     assert [r["num_workers"] for r in result["results"]] == [0, 1]
     assert all(r["samples_per_s"] > 0 for r in result["results"])
 

@@ -82,6 +82,7 @@ def family_args(task: str, data: Path) -> list[str]:
             "model.name=mlp",
             "model.width=16",
         ],
+        # >>> images
         "cls-images-cnn": [
             "--config",
             str(CONFIGS / "image_folder.yaml"),
@@ -89,6 +90,7 @@ def family_args(task: str, data: Path) -> list[str]:
             "data.image_size=8",
             "model.width=8",
         ],
+        # <<< images
         "cls-imbalanced-mlp": [
             "--config",
             str(CONFIGS / "imbalanced_table.yaml"),
@@ -238,9 +240,9 @@ def _own_compile_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def data(demo_root, tmp_path_factory) -> Path:
     """The demo data, cut down: 400 table rows (800 of the imbalanced one: 80 positives),
-    6,000 characters of text, the 480 images (a copy of the session's demo data: the fast  # feature: text
-    the 480 images (a copy of the session's demo data: the fast  # feature: !text
-    tests have made it already)."""
+    6,000 characters of text,  # feature: text
+    the 480 images,  # feature: images
+    a copy of the session's demo data (the fast tests have made it already)."""
     root = tmp_path_factory.mktemp("combination-data") / "demo"
     shutil.copytree(demo_root / "data" / "demo", root)
     tables = [("classes.csv", 400), ("regression.csv", 400), ("imbalanced.csv", 800)]

@@ -363,6 +363,7 @@ def test_a_regression_artifact_answers_in_the_targets_units(tmp_path):
     assert got.mean() > 500  # in the targets' units (around 1000), not standardised (around 0)
 
 
+# >>> images
 @pytest.mark.slow
 def test_an_image_artifact_takes_images_scaled_to_0_1(tmp_path):
     from test_image_folder import write_images
@@ -398,6 +399,7 @@ def test_an_image_artifact_takes_images_scaled_to_0_1(tmp_path):
         got = export.run_artifact("export", out, raw)
         expected = load_trained(best).model((raw - mean) / std)
     assert torch.allclose(got, expected, atol=1e-4)
+# <<< images
 
 
 def test_onnx_export_below_torch_2_7_is_refused_with_one_line(tmp_path, tiny, torch_2_6, capsys):

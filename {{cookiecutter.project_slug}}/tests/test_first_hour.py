@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from conftest import ROOT, documentation, run_script
+import yaml  # feature: images
+from conftest import ROOT, documentation, run_script  # feature: images
+from conftest import ROOT, run_script  # feature: !images
 
 from {{ cookiecutter.package_name }} import checkpoint, loop
 from {{ cookiecutter.package_name }}.checkpoint import Progress
@@ -195,6 +196,7 @@ def test_evaluate_prints_its_metrics_once(tiny, capsys):
     assert len(lines) == 1 and json.loads(lines[0])["count"] == 96
 
 
+# >>> images
 # --- documentation of data.augment's cost ---
 
 
@@ -204,6 +206,7 @@ def test_the_cost_of_augmentation_and_how_to_turn_it_off_are_documented():
     experiment = yaml.safe_load((ROOT / "configs/experiments/image_folder.yaml").read_text())
     assert "augment" in experiment["data"]
     assert "data.augment=false" in (ROOT / "configs/experiments/image_folder.yaml").read_text()
+# <<< images
 
 
 # --- scripts run before `pip install -e .`: one line with the command, exit 2 ---

@@ -263,6 +263,7 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
                                "task.pos_weight=none"]))  # fmt: skip
 
 
+# >>> images
 def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_path, tiny):
     from test_image_folder import write_images
 
@@ -290,3 +291,4 @@ def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_p
     (tmp_path / "labels.csv").write_text("file,labels\na/000.png,cat\na/999.png,dog\n")
     with pytest.raises(ConfigError, match="names '.*999.png', which does not exist"):
         fit(load_config(None, [*args, "run.name=other"]))
+# <<< images

@@ -143,6 +143,7 @@ def test_a_table_without_the_trained_columns_is_one_line(demo_data, tiny, tmp_pa
     assert "unknown file type" in capsys.readouterr().err
 
 
+# >>> images
 def test_image_files_match_evaluate(tiny, tmp_path):
     from PIL import Image  # in the dev extra
 
@@ -162,6 +163,7 @@ def test_image_files_match_evaluate(tiny, tmp_path):
     acc = evaluate_checkpoint(best)["acc"]
     rows = predict(best, str(tmp_path / "img" / "val"), out=tmp_path / "p.csv")
     assert len(rows) == 16 and accuracy(rows) == pytest.approx(acc)
+# <<< images
 
 
 # >>> text

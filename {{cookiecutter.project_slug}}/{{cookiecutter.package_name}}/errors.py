@@ -67,6 +67,7 @@ LEFT_OUT |= dict.fromkeys(("data.name=text", "data.name=text_table", "model.name
 LEFT_OUT |= {f"model.name={name}": "pretrained" for name in ("timm", "torchvision", "hf_image")}
 LEFT_OUT |= dict.fromkeys(("model.name=hf", "data.name=text_table"), "pretrained")  # feature: text
 # <<< !pretrained
+LEFT_OUT |= {"data.name=image_folder": "images"}  # feature: !images
 # >>> !multilabel
 LEFT_OUT |= dict.fromkeys(("task.name=multilabel", "data.labels", "data.label_sep"), "multilabel")
 UNUSED |= {"data.labels": "", "data.label_sep": "|"}  # an image folder's, a CSV table's

@@ -33,7 +33,7 @@ from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
 from .held_out import OTHER_ROWS, check_own_val
-from .image_folder import ImageFolder
+from .image_folder import ImageFolder  # feature: images
 from .in_memory import InMemoryDataset
 from .sampler import ShardedSampler, train_labels
 from .synthetic import SyntheticGratings
@@ -52,7 +52,7 @@ DATASETS = {
     "synthetic": SyntheticGratings,
     "tensors": TensorFiles,
     "csv": CSVTable,
-    "image_folder": ImageFolder,
+    "image_folder": ImageFolder,  # feature: images
     "text": TextChars,  # feature: text
     # >>> pretrained
     "text_table": TextTable,  # texts to classify, with a Hugging Face tokenizer  # feature: text

@@ -1,10 +1,11 @@
 """Multi-label targets as a float 0/1 matrix (N, L): a table's several 0/1 columns or one
-column of label names joined by a separator (data/csv_table.py reads the table), and an image
-folder's labels file, a CSV of `file,labels` rows (data/image_folder.py)."""
+column of label names joined by a separator (data/csv_table.py reads the table), and an image # feature: images
+folder's labels file, a CSV of `file,labels` rows (data/image_folder.py).""" # feature: images
+column of label names joined by a separator (data/csv_table.py reads the table).""" # feature: !images
 
 from __future__ import annotations
 
-import csv
+import csv  # feature: images
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -80,6 +81,7 @@ def table_labels(header: list[str], rows: list[list[str]], meta: dict, path: Pat
     return [joined(names, row) for row in label_matrix(texts, names, path, opts).tolist()]
 
 
+# >>> images
 def image_labels(root: Path, table: Path, sep: str) -> tuple[list[Path], torch.Tensor, list]:
     """(image files, targets (N, L), label names) of an image folder's labels file: a CSV
     with the columns `file` (relative to `root`) and `labels` (names joined by `sep`)."""
@@ -99,3 +101,4 @@ def image_labels(root: Path, table: Path, sep: str) -> tuple[list[Path], torch.T
     opts = SimpleNamespace(label="labels", label_sep=sep)
     names = label_names(texts, opts)
     return files, label_matrix(texts, names, table, opts), names
+# <<< images

@@ -7,8 +7,8 @@ checkpoint's data meta (never the current config):
   copied to the output);
 - tensor files (.pt): {"x": (N, ...)} (an optional "y" is copied), or a bare tensor, for
   models trained on tensor files or synthetic data (no input statistics to apply);
-- images (.png, .jpg, ... or a folder of them, Pillow): RGB, resized to meta["image_size"],
-  scaled to [0, 1] and normalised with meta["mean"] / meta["std"];
+- images (.png, .jpg, ... or a folder of them, Pillow): RGB, resized to meta["image_size"], # feature: images
+  scaled to [0, 1] and normalised with meta["mean"] / meta["std"]; # feature: images
 - `split="val"`: the training run's validation split, rebuilt like evaluate.py does.  # feature: !text
 - `split="val"`: the training run's validation split, rebuilt like evaluate.py does;  # feature: text
 - a text prompt for a language model (--prompt): generate.py continues it.  # feature: text
@@ -156,7 +156,8 @@ def _parser() -> cli.Parser:
         description="Predict with a checkpoint: a CSV of predictions, or generated text."  # feature: text
     )  # feature: text
     parser = cli.Parser(description="Predict with a checkpoint: a CSV of predictions.")  # feature: !text
-    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV, .pt, images, folders")
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV, .pt, images, folders")  # feature: images
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="CSV or .pt files")  # feature: !images
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
     parser.add_argument("--split", choices=["val"], help="the run's own validation split")
     parser.add_argument(

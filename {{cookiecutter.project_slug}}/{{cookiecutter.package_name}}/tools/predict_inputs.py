@@ -17,17 +17,20 @@ import torch
 
 from ..data import example_batch
 from ..data.csv_table import is_number
-from ..data.image_folder import EXTENSIONS, decode
 from ..data.label_sets import joined, table_labels  # feature: multilabel
 from ..errors import ConfigError
 from .inference import Trained, validation_set
+from .predict_images import images_in, is_image, read_images  # feature: images
 # >>> pretrained
 from .predict_text import read_text_csv, read_text_file  # feature: text
 # <<< pretrained
 
 SAVE = "the inputs with torch.save, in a dict with the key 'x'"
 FIELD_LIMIT = 65536  # characters in one CSV field: more is an unclosed quote, not a number
-IMAGE_SUFFIXES = EXTENSIONS  # the files image folders train on
+# The files predict.py reads, for the line refusing any other.
+KINDS = ".csv tables, .pt tensor files"
+KINDS += ", images or folders of images"  # feature: images
+KINDS += " (or --prompt for a language model)"  # feature: text
 
 
 def _short(value: str, limit: int = 40) -> str:
@@ -206,26 +209,6 @@ def _labels(y, trained: Trained, name: str, n: int) -> list:
     return [" ".join(f"{v:g}" for v in row) for row in values]
 
 
-def read_images(paths: list[Path], trained: Trained) -> tuple[list[str], torch.Tensor, list]:
-    """(ids, images (N, C, S, S), labels): each image read by the training dataset's own
-    decode(); its label is the name of its folder where that is one of the classes."""
-    meta = trained.meta
-    size = meta.get("image_size")
-    if not size or "mean" not in meta:
-        raise ConfigError(
-            f"image file {str(paths[0])!r}: checkpoint {trained.path!r} was not trained on "
-            "image files (its data meta has no image_size, mean and std); give it inputs like "
-            "its training data"
-        )
-    mean = torch.tensor(meta["mean"]).view(-1, 1, 1)
-    std = torch.tensor(meta["std"]).view(-1, 1, 1)
-    view = (meta.get("crop_pct"), meta.get("interpolation", "bilinear"))  # as trained
-    images = [(decode(path, size, *view) - mean) / std for path in paths]  # (3, S, S) each
-    classes = set(trained.classes or ())
-    labels = [p.parent.name if p.parent.name in classes else "" for p in paths]
-    return [str(p) for p in paths], torch.stack(images), labels if classes else None
-
-
 def read_split(trained: Trained) -> tuple[list[str], torch.Tensor, list]:
     """(ids, inputs, labels) of the training run's validation split."""
     val = validation_set(trained)
@@ -241,20 +224,18 @@ class Inputs(NamedTuple):
 
 
 def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
-    """One Inputs per table or tensor file, and one for all images: the reader is chosen by
-    the file type; a folder stands for the images in it."""
-    images = []
+    """One Inputs per table or tensor file, and one for all images: the reader is chosen by # feature: images
+    the file type; a folder stands for the images in it.""" # feature: images
+    """One Inputs per table or tensor file: the reader is chosen by the file type.""" # feature: !images
+    images = []  # feature: images
     for name in names:
         path, suffix = Path(name), Path(name).suffix.lower()
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-            if not found:
-                raise ConfigError(
-                    f"folder {name!r} holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})"
-                )
-            images += found
-        elif not path.is_file():
-            raise ConfigError(f"input {name!r} not found")
+        if path.is_dir():  # feature: images
+            images += images_in(path)  # feature: images
+        elif not path.is_file():  # feature: images
+        if not path.is_file():  # feature: !images
+            problem = "is not a file" if path.exists() else "not found"
+            raise ConfigError(f"input {name!r} {problem}")
         elif suffix == ".csv":
             yield Inputs(f"CSV file {name!r}", *read_csv(path, trained))
         # >>> pretrained
@@ -263,16 +244,12 @@ def inputs_of(names: list[str], trained: Trained) -> Iterator[Inputs]:
         # <<< pretrained
         elif suffix in (".pt", ".pth"):
             yield Inputs(f"tensor file {name!r}", *read_tensors(path, trained))
-        elif suffix in IMAGE_SUFFIXES:
-            images.append(path)
+        elif is_image(path):  # feature: images
+            images.append(path)  # feature: images
         else:
-            raise ConfigError(
-                f"input {name!r}: unknown file type; give .csv tables, .pt tensor files, "
-                "images or folders of images (or --prompt for a language model)"  # feature: text
-                "images or folders of images"  # feature: !text
-            )
-    if images:
-        yield Inputs(f"image file {str(images[0])!r}", *read_images(images, trained))
+            raise ConfigError(f"input {name!r}: unknown file type; give {KINDS}")
+    if images:  # feature: images
+        yield Inputs(f"image file {str(images[0])!r}", *read_images(images, trained))  # feature: images
 
 
 def check_inputs(trained: Trained, names: list[str], split: str | None) -> list[Inputs]:

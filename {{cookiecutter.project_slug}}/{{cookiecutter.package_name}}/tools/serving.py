@@ -5,7 +5,7 @@ their own units; and the description of both that export.py writes into the arti
 
 from __future__ import annotations
 
-import math
+import math  # feature: images
 
 import torch
 from torch import nn
@@ -58,8 +58,10 @@ class Decode(nn.Module):
 def serving_model(trained: Trained) -> Serving:
     """What the artifact computes: the model with its preprocessing and decoding around it."""
     meta, inputs, task = trained.meta, None, trained.task
-    if "mean" in meta and "std" in meta:  # CSV features (F,) or image channels (3,)
-        shape = (-1, 1, 1) if "image_size" in meta else (-1,)
+    if "mean" in meta and "std" in meta:  # CSV features (F,) or image channels (3,)  # feature: images
+        shape = (-1, 1, 1) if "image_size" in meta else (-1,)  # feature: images
+    if "mean" in meta and "std" in meta:  # CSV features (F,)  # feature: !images
+        shape = (-1,)  # feature: !images
         inputs = (torch.tensor(meta["mean"]).view(shape), torch.tensor(meta["std"]).view(shape))
     head = task.head() if hasattr(task, "head") else Decode(task)
     return Serving(trained.model, inputs, head, max_positions(trained)).eval()
@@ -105,6 +107,7 @@ def input_units(meta: dict) -> str:
     inside = "the training data's standardisation is inside the artifact"
     if "features" in meta:
         return f"raw CSV columns {', '.join(meta['features'])} in this order, as numbers; {inside}"
+    # >>> images
     if "image_size" in meta and "mean" in meta:
         size, crop, how = meta["image_size"], meta.get("crop_pct"), meta.get("interpolation")
         resize = f"resized to {size}x{size}"
@@ -116,6 +119,7 @@ def input_units(meta: dict) -> str:
             f"by the caller (resizing is not in the artifact); the normalisation (mean "
             f"{meta['mean']}, std {meta['std']}) is inside the artifact"
         )
+    # <<< images
     # >>> text
     if "vocab" in meta:
         return "int64 token ids: positions in `vocab`, one character each"

@@ -86,6 +86,8 @@ FEATURES = {
         "tests/test_trackers.py",
     ),
     "text": (
+        "{package}/models/transformer.py",
+        "{package}/tasks/language_model.py",
         "{package}/data/text.py",
         "{package}/data/text_table.py",
         "{package}/tools/generate.py",
@@ -94,6 +96,7 @@ FEATURES = {
         "configs/experiments/hf_text_classifier.yaml",
         "tests/test_text.py",
         "tests/test_hf_text.py",
+        "tests/test_export_lengths.py",
     ),
     "images": (
         "{package}/data/image_folder.py",
@@ -137,8 +140,9 @@ PRESETS = {
     "lean": dict.fromkeys(FEATURES, "no"),
 }
 # A chosen feature brings the features it needs, whatever their own answers: pretrained
-# models fine-tune on image folders and read image files as their weights were trained.
-BRINGS = {"pretrained": ("images",)}
+# models fine-tune on image folders and read image files as their weights were trained; the
+# GPU check's speed check trains the transformer language model.
+BRINGS = {"pretrained": ("images",), "gpu_check": ("text",)}
 # A block of lines that belongs to feature NAME, in the comment syntax of its file:
 #   # >>> NAME ... # <<< NAME    or, in Markdown,    <!-- >>> NAME --> ... <!-- <<< NAME -->
 # and one line: a trailing `# feature: NAME` (or `<!-- feature: NAME -->`). The marks are

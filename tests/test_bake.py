@@ -319,6 +319,8 @@ FEATURE_FILES = {
     },
     "text": {
         *(f"PKG/{name}.py" for name in ("data/text", "data/text_table", "tools/generate")),
+        *(f"PKG/{name}.py" for name in ("models/transformer", "tasks/language_model")),
+        "tests/test_export_lengths.py",
         "PKG/tools/predict_text.py",
         "configs/experiments/char_lm.yaml",
         "configs/experiments/hf_text_classifier.yaml",
@@ -370,11 +372,13 @@ FEATURE_TRACES = {
     ),
     "sweeps": re.compile(r"sweep|optuna", re.IGNORECASE),
     "trackers": re.compile(r"wandb|mlflow|mlruns", re.IGNORECASE),
-    # text's words: reading and generating text, Hugging Face text classifiers. A language
-    # model on token ids (the transformer, task.name=language_model) is in every project.
+    # text's words: reading and generating text, the transformer language model on token ids,
+    # Hugging Face text classifiers. The "tokens" kind of targets stays: the task protocol's.
     "text": re.compile(
         r"TextChars|TextTable|text_table|predict_text|HFText|tokenizer|char_lm|hf_text|tickets"
-        r"|--prompt|data\.name=text\b|\bBERT\b"
+        r"|--prompt|data\.name=text\b|\bBERT\b|language.model|LanguageModel|\btransformer\b"
+        r"|Transformer\b|perplexity|export_lengths",
+        re.IGNORECASE,
     ),
     # pretrained's words: the zoo models, the Hugging Face ones, their extras and example. The
     # doctor's check of the torch/torchvision pair and image_decode's note that its crop is
@@ -432,6 +436,8 @@ def chosen(case: dict, feature: str) -> bool:
     """The README's rules: a feature answered "preset" is in the full preset, not in lean;
     pretrained models bring image folders."""
     if feature == "images" and chosen(case, "pretrained"):
+        return True
+    if feature == "text" and chosen(case, "gpu_check"):
         return True
     value = case[feature]
     return case["preset"] == "full" if value == "preset" else value == "yes"

@@ -69,7 +69,7 @@ def test_a_preset_answer_takes_the_preset_s_value(post, answers, expected):
 )
 def test_a_feature_brings_what_it_needs_whatever_its_answer(post, answers, images):
     """Pretrained models fine-tune on image folders: choosing them brings images."""
-    assert post.BRINGS == {"pretrained": ("images",)}
+    assert post.BRINGS == {"pretrained": ("images",), "gpu_check": ("text",)}
     assert post.chosen_features(answers)["images"] is images
 
 

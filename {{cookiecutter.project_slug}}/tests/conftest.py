@@ -76,11 +76,11 @@ def tiny_with(tiny: list[str], *extra: str) -> list[str]:
     return kept + list(extra)
 
 
+# >>> text
 def lm_overrides(tmp_path: Path, path: Path) -> list[str]:
     """A tiny character language model on the text file `path`, writing under tmp_path."""
     return [
-        *("data.name=text", f"data.path={path}", "data.seq_len=16"),  # feature: text
-        *token_files(path, tmp_path / "tokens", 16),  # feature: !text
+        *("data.name=text", f"data.path={path}", "data.seq_len=16"),
         "model.name=transformer",
         "model.width=16",
         "model.depth=1",
@@ -94,22 +94,9 @@ def lm_overrides(tmp_path: Path, path: Path) -> list[str]:
         "run.device=cpu",
         f"run.output_dir={tmp_path / 'runs'}",
     ]
+# <<< text
 
 
-# >>> !text
-def token_files(path: Path, folder: Path, length: int) -> list[str]:
-    """The characters of the text file `path` as token ids, cut into windows of `length`
-    whose targets are the next characters: a tensor file a language model trains on."""
-    text = path.read_text(encoding="utf-8")
-    ids = torch.tensor([sorted(set(text)).index(c) for c in text])
-    n = (len(ids) - 1) // length
-    x, y = ids[: n * length].view(n, length), ids[1 : n * length + 1].view(n, length)
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"x": x, "y": y}, folder / "train.pt")
-    return ["data.name=tensors", f"data.root={folder}"]
-
-
-# <<< !text
 # What a test session may leave in the project: caches and environments. data/ and
 # checkpoints/ are compared by their entries only (a user's datasets can be large).
 CACHES = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".venv", ".conda-env"}

@@ -332,7 +332,7 @@ def test_choosing_another_component_drops_the_other_s_options(tmp_path):
 def test_best_metric_auto_is_the_task_s_first_metric():
     assert load_config(None).best() == ("acc", "max")
     assert load_config(None, ["task.name=regression"]).best() == ("rmse", "min")
-    assert load_config(None, ["task.name=language_model"]).best() == ("perplexity", "min")
+    assert load_config(None, ["task.name=language_model"]).best() == ("perplexity", "min")  # feature: text
     assert load_config(None, ["train.best_metric=loss"]).best() == ("loss", "min")
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import lm_overrides, stop_after, tiny_with
+from conftest import lm_overrides, stop_after, tiny_with  # feature: text
+from conftest import stop_after, tiny_with  # feature: !text
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
@@ -31,14 +32,17 @@ def regression(tmp_path: Path, tiny: list[str]) -> list[str]:
     return tiny_with(tiny, *data, *choice)
 
 
+# >>> text
 def language_model(tmp_path: Path, tiny: list[str]) -> list[str]:
     """A one-block transformer on 600 characters of text."""
     path = tmp_path / "text.txt"
     path.write_text("the quick brown fox jumps over the lazy dog. " * 14, encoding="utf-8")
     return [*lm_overrides(tmp_path, path), "train.batch_size=16"]
+# <<< text
 
 
-@pytest.mark.parametrize("family", [classification, regression, language_model])
+@pytest.mark.parametrize("family", [classification, regression, language_model])  # feature: text
+@pytest.mark.parametrize("family", [classification, regression])  # feature: !text
 def test_train_stop_resume_and_evaluate(family, tmp_path, tiny, monkeypatch):
     args = [*family(tmp_path, tiny), "train.epochs=2", "run.name=e2e"]
     first = fit(load_config(None, [*args, *stop_after(monkeypatch, STOP)]))

@@ -92,13 +92,16 @@ X = torch.randn(64, 5)
             "it holds class id 2,000,000,000, which asks for 2,000,000,001 class ids for 64 "
             "samples; number the ids 0..K-1",
         ),
+        # >>> text
         (
             {"x": torch.full((8, 4), 2_000_000_000), "y": torch.ones(8, 4, dtype=torch.long)},
             "it holds token id 2,000,000,000",
         ),
+        # <<< text
         ({"x": torch.randn(64, 0), "y": torch.arange(64) % 2}, "its samples hold no features"),
     ],
-    ids=["class 2e9", "token 2e9", "no features"],
+    ids=["class 2e9", "token 2e9", "no features"],  # feature: text
+    ids=["class 2e9", "no features"],  # feature: !text
 )
 def test_tensor_files_with_hostile_sizes_are_refused_with_one_line(
     tmp_path, tiny, capsys, blob, message

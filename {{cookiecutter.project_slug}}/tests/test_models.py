@@ -4,7 +4,7 @@ So a model for feature rows, tokens or images passes here without editing this f
 
 from __future__ import annotations
 
-import warnings
+import warnings  # feature: text
 from pathlib import Path
 
 import pytest
@@ -66,6 +66,7 @@ def test_an_mlp_on_feature_rows_and_a_cnn_on_images():
     assert build_model(load_config(None).model, images, 7)(images).shape == (3, 7)
 
 
+# >>> text
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace.* is deprecated:DeprecationWarning")
 def test_the_transformer_traces_without_a_warning():
     """torch.jit.trace follows the transformer with no TracerWarning: a tensor read as a
@@ -78,6 +79,7 @@ def test_the_transformer_traces_without_a_warning():
         traced = torch.jit.trace(model, torch.zeros(2, 8, dtype=torch.long))
     tokens = torch.randint(0, 11, (3, 5))
     torch.testing.assert_close(traced(tokens), model(tokens))
+# <<< text
 
 
 def test_a_cnn_on_feature_rows_is_refused_with_the_fix():

@@ -78,8 +78,8 @@ def test_a_run_shorter_than_a_drawing_is_worth_draws_no_curves(tiny, drawings, c
     [
         # regression: a panel per metric, none of them acc
         ("epoch,step,train/epoch_loss,val/loss,val/mae,val/rmse,val/r2,lr", 2 + 3 + 1),
-        # language model: per-step train/loss and train/lr preferred when present
-        ("epoch,step,train/loss,train/lr,val/loss,val/perplexity,lr", 2 + 1 + 1),
+        # per-step train/loss and train/lr preferred when present
+        ("epoch,step,train/loss,train/lr,val/loss,val/acc,lr", 2 + 1 + 1),
         # no validation loss: the loss panel holds the training loss alone
         ("epoch,step,train/epoch_loss,val/acc,lr", 1 + 1 + 1),
     ],

@@ -8,8 +8,7 @@ import json  # feature: export
 
 import pytest
 import torch
-from conftest import tiny_with  # feature: text
-from conftest import tiny_with, token_files  # feature: !text
+from conftest import tiny_with
 from test_extending import readme_file
 
 from {{ cookiecutter.package_name }}.config import load_config
@@ -23,11 +22,10 @@ from {{ cookiecutter.package_name }}.trainer import build_data, fit
 
 def data_for(targets: str, tmp_path) -> list[str]:
     """Config overrides for small data of each kind of targets a task can ask for."""
-    if targets == "tokens":
-        (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 40, encoding="utf-8")
+    if targets == "tokens":  # feature: text
+        (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 40, encoding="utf-8")  # feature: text
         data = ["data.name=text", f"data.path={tmp_path / 'text.txt'}", "data.seq_len=8"]  # feature: text
-        data = token_files(tmp_path / "text.txt", tmp_path / "tokens", 8)  # feature: !text
-        return [*data, "model.name=transformer", "model.width=16"]
+        return [*data, "model.name=transformer", "model.width=16"]  # feature: text
     if targets == "class":
         return []  # the synthetic images of `tiny`
     x = torch.randn(64, 5)

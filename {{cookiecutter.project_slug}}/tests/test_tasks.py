@@ -3,7 +3,7 @@ equal the metrics of the whole split computed directly."""
 
 from __future__ import annotations
 
-import math
+import math  # feature: text
 from types import SimpleNamespace
 
 import numpy as np
@@ -111,7 +111,7 @@ def test_regression_learns_standardised_targets_and_decodes_to_their_units():
             torch.zeros(0, dtype=torch.long),
         ),
         ("regression", {"num_targets": 2}, torch.zeros(0, 2), torch.zeros(0, 2)),
-        ("language_model", {"vocab_size": 5}, torch.zeros(0, 4, 5), torch.zeros(0, 4).long()),
+        ("language_model", {"vocab_size": 5}, torch.zeros(0, 4, 5), torch.zeros(0, 4).long()),  # feature: text
     ],
 )
 def test_a_rank_without_samples_sums_zeros_of_the_same_names_and_shapes(name, data, output, y):
@@ -134,6 +134,7 @@ def test_regression_accepts_n_targets_for_one_output_and_huber():
     assert t.loss(pred, y).item() == pytest.approx(F.huber_loss(pred[:, 0], y, delta=0.5).item())
 
 
+# >>> text
 def test_language_model_perplexity_is_exp_of_the_mean_token_loss():
     torch.manual_seed(2)
     logits, y = torch.randn(5, 7, 11), torch.randint(11, (5, 7))
@@ -141,6 +142,7 @@ def test_language_model_perplexity_is_exp_of_the_mean_token_loss():
     loss = F.cross_entropy(logits.reshape(-1, 11), y.reshape(-1)).item()
     assert metrics["count"] == 35 and metrics["loss"] == pytest.approx(loss, rel=1e-6)
     assert metrics["perplexity"] == pytest.approx(math.exp(loss), rel=1e-6)
+# <<< text
 
 
 @pytest.mark.parametrize(
@@ -148,7 +150,7 @@ def test_language_model_perplexity_is_exp_of_the_mean_token_loss():
     [
         ("classification", {"num_targets": 1}, r"values \(floats\); use task.name=regression"),
         ("regression", {"num_classes": 3}, "task.name=regression needs numeric targets"),
-        ("language_model", {"num_classes": 3}, "needs token data with a vocab_size"),
+        ("language_model", {"num_classes": 3}, "needs token data with a vocab_size"),  # feature: text
         ("multilabel", {"num_classes": 3}, "needs a 0/1 vector of labels per sample"),  # feature: multilabel
     ],
 )

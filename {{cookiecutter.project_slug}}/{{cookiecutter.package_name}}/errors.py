@@ -62,6 +62,7 @@ LEFT_OUT |= {"train.strategy=fsdp": "fsdp", "train.cpu_offload": "fsdp", "shards
 # <<< !fsdp
 # >>> !text
 LEFT_OUT |= dict.fromkeys(("data.name=text", "data.name=text_table", "model.name=hf"), "text")
+LEFT_OUT |= dict.fromkeys(("task.name=language_model", "model.name=transformer"), "text")
 # <<< !text
 # >>> !pretrained
 LEFT_OUT |= {f"model.name={name}": "pretrained" for name in ("timm", "torchvision", "hf_image")}

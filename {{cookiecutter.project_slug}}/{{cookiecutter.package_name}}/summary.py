@@ -106,10 +106,8 @@ def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
     commands["compare"] = ["scripts/compare_runs.py", run_dir]
     if meta.get("test"):  # the held-out test split (data.test_path, an image folder's test/)
         commands["test"] = ["scripts/evaluate.py", "--checkpoint", ckpt, "--split", "test"]
-    if cfg.task.name != "language_model":
+    if cfg.task.name != "language_model":  # feature: text
         commands["predict"] += ["--out", run_dir / "predictions.csv"]
-    else:  # feature: !text
-        del commands["predict"]  # a language model predicts no rows: evaluate scores it  # feature: !text
     return {k: shlex.join(["python", *map(str, v)]) for k, v in commands.items()}
 
 

@@ -7,9 +7,12 @@ Make them once from whatever arrays you have, e.g.
 
 Checked at load, each problem reported on one line: x is a floating-point tensor of at least
 2 dims (float64 and float16 are converted to float32; integer images are refused, since their
-scale is unknown: convert them, e.g. x.float() / 255), or int64 token ids (N, T) with y the
-same shape (language modelling). y holds N integer class ids 0..K-1 (classification; K counts
-the classes of train.pt) or floats (N,) / (N, K) (regression: their training rows' mean and std
+scale is unknown: convert them, e.g. x.float() / 255), or int64 token ids (N, T) with y the  # feature: text
+same shape (language modelling). y holds N integer class ids 0..K-1 (classification; K counts  # feature: text
+the classes of train.pt) or floats (N,) / (N, K) (regression: their training rows' mean and std  # feature: text
+scale is unknown: convert them, e.g. x.float() / 255). y holds N integer class ids 0..K-1  # feature: !text
+(classification; K counts the classes of train.pt) or floats (N,) / (N, K) (regression: their  # feature: !text
+training rows' mean and std  # feature: !text
 go into the data meta, and the task learns them standardised). val.pt has the same sample
 shape. Grayscale images (N, H, W) get a channel dim, (N, 1, H, W), so the cnn can run on them.
 """
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError  # feature: text
+from ..errors import ConfigError, left_out  # feature: !text
 from .in_memory import InMemoryDataset
 
 FORMAT = '{"x": float tensor (N, ...), "y": int64 class ids (N,) or float targets (N,) / (N, K)}'
@@ -47,9 +51,11 @@ class TensorFiles(InMemoryDataset):
         self.num_classes = self.num_targets = self.vocab_size = None
         if self.y.dtype.is_floating_point:  # regression targets
             self.num_targets = self.y[0].numel()
+        # >>> text
         elif self.y.shape == self.x.shape:  # token ids in and out: language modelling
             self.vocab_size = int(max(self.x.max(), self.y.max())) + 1
             _check_count(path, "token", self.vocab_size, self.x.numel())
+        # <<< text
         else:
             self.num_classes = int(self.y.max()) + 1
             _check_count(path, "class", self.num_classes, len(self.y))
@@ -77,12 +83,14 @@ class TensorFiles(InMemoryDataset):
                 f"y holds class {int(self.y.max())}, but train.pt has classes "
                 f"0..{(train.num_classes or 1) - 1} only",
             )
+        # >>> text
         if self.vocab_size is not None and self.vocab_size > train.vocab_size:
             _refuse(
                 path,
                 f"it holds token {self.vocab_size - 1}, but train.pt has tokens "
                 f"0..{train.vocab_size - 1} only (the model's vocabulary)",
             )
+        # <<< text
         self.num_classes, self.num_targets = train.num_classes, train.num_targets
         self.vocab_size = train.vocab_size
 
@@ -118,7 +126,10 @@ def _load(path: Path, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor
         _refuse(path, f"x has shape {tuple(x.shape)}; it needs a sample dim and a feature dim")
     if 0 in x.shape[1:]:
         _refuse(path, f"x has shape {tuple(x.shape)}: its samples hold no features")
-    tokens = x.dtype == torch.int64 and y.shape == x.shape
+    tokens = x.dtype == torch.int64 and y.shape == x.shape  # token ids in and out
+    if tokens:  # feature: !text
+        subject = f"data file {str(path)!r}: token ids in and out (int64 x, y of one shape)"  # feature: !text
+        raise ConfigError(left_out("task.name=language_model", subject))  # feature: !text
     if x.dtype in (torch.float64, torch.float16, torch.bfloat16):
         x = x.float()  # models train in float32 (train.amp handles lower precision)
     elif not x.dtype.is_floating_point and not tokens:

@@ -27,13 +27,13 @@ from .hf import HFImage, HFText  # feature: text
 from .hf import HFImage  # feature: !text
 # <<< pretrained
 from .mlp import MLP
-from .transformer import Transformer
+from .transformer import Transformer  # feature: text
 from .zoo import Timm, Torchvision  # feature: pretrained
 
 MODELS = {
     "cnn": SmallCNN,
     "mlp": MLP,
-    "transformer": Transformer,
+    "transformer": Transformer,  # feature: text
     # >>> pretrained
     "timm": Timm,  # pretrained zoo models (optional libraries): models/zoo.py
     "torchvision": Torchvision,
@@ -88,7 +88,8 @@ def build_model(cfg, example: torch.Tensor, num_outputs: int) -> nn.Module:
                 f"({first_line(exc)}); lower {_size_keys(cfg)}"
             ) from exc
         fixes = getattr(MODELS[cfg.name], "input_fix", "change the model's options or the data")
-        if cfg.name in ("cnn", "transformer") and example.is_floating_point():
+        if cfg.name in ("cnn", "transformer") and example.is_floating_point():  # feature: text
+        if cfg.name == "cnn" and example.is_floating_point():  # feature: !text
             fixes += ", or use model.name=mlp, which takes inputs of any shape"
         raise ConfigError(
             f"{settings} cannot run on inputs of shape {shape} ({example.dtype}) from the "

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .classification import Classification
-from .language_model import LanguageModel
+from .language_model import LanguageModel  # feature: text
 from .multilabel import MultiLabel  # feature: multilabel
 from .protocol import check_task
 from .regression import Regression
@@ -51,7 +51,7 @@ __all__ = ["TASKS", "build_task", "check_metric", "check_task", "metric_names"]
 TASKS = {
     "classification": Classification,
     "regression": Regression,
-    "language_model": LanguageModel,
+    "language_model": LanguageModel,  # feature: text
     "multilabel": MultiLabel,  # feature: multilabel
 }
 

@@ -70,7 +70,7 @@ def export(
     trained = load_trained(checkpoint)
     model = serving_model(trained)
     x, source = _parity_inputs(trained, model)
-    inputs = parity_inputs(model, x)  # a language model's: at several lengths
+    inputs = parity_inputs(model, x)  # inputs of variable length: at several lengths
     with torch.no_grad():
         expected = [model(v) for v in inputs]  # before exporting: what the artifact must give
     example = x[:2] if len(x) >= 2 else torch.cat([x, x])  # batch 2: not specialised to 1

@@ -25,8 +25,8 @@ class ExportError(UserError):
 
 
 def _dynamic(model: nn.Module) -> tuple[dict]:
-    """The input's dynamic dimensions: the batch, and a language model's positions (1 to its
-    max_len, Serving.positions) so that a prompt of any length runs, as in TorchScript."""
+    """The input's dynamic dimensions: the batch, and for inputs of variable length their
+    positions (1 to Serving.positions), so that a prompt of any length runs, as in TorchScript."""
     dims = {0: torch.export.Dim("batch", min=1, max=65536)}
     positions = getattr(model, "positions", None)
     if positions:

@@ -114,14 +114,8 @@ def predict(
     rows, else None, "amp": the mixed precision used}.""" # feature: !multilabel
     target = check_options(batch_size, device)
     trained = load_trained(checkpoint)
-    if trained.cfg.task.name == "language_model":
+    if trained.cfg.task.name == "language_model":  # feature: text
         raise ConfigError(f"checkpoint {checkpoint!r} is a language model: pass --prompt TEXT")  # feature: text
-        # >>> !text
-        raise ConfigError(
-            f"checkpoint {checkpoint!r} is a language model: it predicts no rows of outputs; "
-            "score it with evaluate.py"
-        )
-        # <<< !text
     amp = inference_amp(trained, target, amp)
     sources = check_inputs(trained, inputs, split)
     if out:  # after the inputs, so that a bad one is named first; before the model runs

@@ -27,7 +27,7 @@ class Serving(nn.Module):
         super().__init__()
         self.model = model
         self.head = head
-        self.positions = positions  # a language model's longest input; the exporters read it
+        self.positions = positions  # the longest input of variable length; exporters read it
         mean, std = (t.float() for t in inputs) if inputs else (None, None)
         self.register_buffer("in_mean", mean)
         self.register_buffer("in_std", std)
@@ -68,19 +68,22 @@ def serving_model(trained: Trained) -> Serving:
 
 
 def max_positions(trained: Trained) -> int | None:
-    """A language model takes 1 to this many positions (model.max_len; the training length for
+    """A language model takes 1 to this many positions (model.max_len; the training length for  # feature: text
     a model that does not say), tokenised text its max_length; None for fixed sample shapes."""  # feature: text
-    a model that does not say); None for fixed sample shapes."""  # feature: !text
-    if "tokenizer" in trained.meta:  # tokenised text: up to its max_length  # feature: text
-        return int(trained.meta["max_length"])  # feature: text
+    """None: the sample shape is fixed (no input of variable length in this project)."""  # feature: !text
+    # >>> text
+    if "tokenizer" in trained.meta:  # tokenised text: up to its max_length
+        return int(trained.meta["max_length"])
     if trained.cfg.task.name != "language_model":
         return None
     return int(getattr(trained.model, "max_len", trained.io["input_shape"][0]))
+    # <<< text
+    return None  # feature: !text
 
 
 def parity_inputs(model: Serving, x: torch.Tensor) -> list[torch.Tensor]:
-    """What the parity check runs: `x`, and for a language model the same tokens at other
-    lengths too, a short prompt and (by repeating the windows) the longest input."""
+    """What the parity check runs: `x`, and for inputs of variable length the same tokens at
+    other lengths too, a short prompt and (by repeating the windows) the longest input."""
     if model.positions is None:
         return [x]
     length = x.shape[1]

@@ -146,7 +146,7 @@ def _build(cls, data: Any, prefix: str):
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         # A key of a project generated with more options (errors.LEFT_OUT) that holds the
-        # value meaning "not used" there (false): a config or checkpoint of it loads here.
+        # value meaning "not used" there (errors.UNUSED): its config or checkpoint loads here.
         if key not in known and not unused(f"{prefix}{key}", data[key]):
             raise ConfigError(unknown_key(cls, prefix, str(key), data[key], _all_keys))
     values = {}
@@ -170,12 +170,11 @@ def _build_component(cls, data: dict, prefix: str):
     for key in data:
         if f"{section}.{key}" in RENAMED:
             raise ConfigError(unknown_key(cls, prefix, str(key), data[key], _all_keys))
-        if key not in common | own and unused(f"{section}.{key}", data[key]):
-            continue  # a fuller project's option, not used by its run (errors.UNUSED)
-        if f"{section}.{key}" in LEFT_OUT and key not in common | own:
+        if key in common | own or unused(f"{section}.{key}", data[key]):
+            continue  # unused: a fuller project's option that its run did not use
+        if f"{section}.{key}" in LEFT_OUT:
             raise ConfigError(left_out(f"{section}.{key}", f"config key '{section}.{key}'"))
-        if key not in common | own:
-            raise ConfigError(_unknown_option(section, name, str(key), common | own))
+        raise ConfigError(_unknown_option(section, name, str(key), common | own))
     values = {
         k: coerce(data[k], typing.get_type_hints(cls)[k], prefix + k) for k in common & data.keys()
     }

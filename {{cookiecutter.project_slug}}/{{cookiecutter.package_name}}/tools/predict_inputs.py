@@ -16,8 +16,8 @@ from typing import NamedTuple
 import torch
 
 from ..data import example_batch
-from ..data.csv_table import is_number
 from ..data.label_sets import joined, table_labels  # feature: multilabel
+from ..data.targets import is_number
 from ..errors import ConfigError
 from .inference import Trained, validation_set
 from .predict_images import images_in, is_image, read_images  # feature: images

@@ -58,9 +58,8 @@ class Decode(nn.Module):
 def serving_model(trained: Trained) -> Serving:
     """What the artifact computes: the model with its preprocessing and decoding around it."""
     meta, inputs, task = trained.meta, None, trained.task
-    if "mean" in meta and "std" in meta:  # CSV features (F,) or image channels (3,)  # feature: images
+    if "mean" in meta and "std" in meta:  # CSV features (F,) or image channels (3,)
         shape = (-1, 1, 1) if "image_size" in meta else (-1,)  # feature: images
-    if "mean" in meta and "std" in meta:  # CSV features (F,)  # feature: !images
         shape = (-1,)  # feature: !images
         inputs = (torch.tensor(meta["mean"]).view(shape), torch.tensor(meta["std"]).view(shape))
     head = task.head() if hasattr(task, "head") else Decode(task)

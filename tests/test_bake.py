@@ -176,7 +176,7 @@ EXPECTED = {
     "tests/test_extending.py",
     "tests/test_tasks.py",
     "tests/test_metrics.py",
-    "tests/test_ranking.py",
+    "tests/test_sklearn_reference.py",
     "tests/test_imbalance.py",
     "tests/test_multilabel.py",
     "tests/test_finetune.py",

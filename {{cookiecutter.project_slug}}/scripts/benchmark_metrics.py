@@ -1,20 +1,21 @@
 """Measure what classification's validation metrics cost against an epoch of training: the
-confusion matrix, the per-class metrics and, for two classes, the score histogram of AUROC,
-average precision and the tuned threshold; and the multi-label task's (a histogram per label, # feature: multilabel
-the decisions' counts, exact match). # feature: multilabel
-average precision and the tuned threshold. # feature: !multilabel
+confusion matrix, the per-class metrics and, for two classes, the gathered scores of the
+exact AUROC, average precision and tuned threshold; and the multi-label task's (each label's # feature: multilabel
+scores gathered and sorted, the decisions' counts, exact match). # feature: multilabel
+exact AUROC, average precision and tuned threshold. # feature: !multilabel
 
     python scripts/benchmark_metrics.py                   # default CNN + a 10^5-row table
     python scripts/benchmark_metrics.py --rows 20000 --steps 10 --json
 
 Three cases: the default config (the CNN on synthetic images, 10 classes), an MLP on a # feature: multilabel
-table of --rows rows, 10 % positives (two classes: the histogram too), and an MLP on a table # feature: multilabel
+table of --rows rows, 10 % positives (two classes: the ranking metrics too), and an MLP on a table # feature: multilabel
 of --rows rows with 8 tags (multi-label, thresholds tuned), as training builds them # feature: multilabel
 Two cases: the default config (the CNN on synthetic images, 10 classes) and an MLP on a # feature: !multilabel
-table of --rows rows, 10 % positives (two classes: the histogram too), as training builds them # feature: !multilabel
+table of --rows rows, 10 % positives (two classes: the ranking metrics too), as training builds them # feature: !multilabel
 (trainer.build_loaders). The epoch's time is --steps timed optimizer steps
 (after two warm-up steps) times the steps of an epoch. The metrics' cost is the time of the
-task's sums over the whole validation split plus its summarise, on model outputs computed
+task's sums over the whole validation split, combined as validation does (validation.Totals),
+plus its summarise, on model outputs computed
 beforehand (the forward pass is there with or without the metrics), less the same for the
 sums the task had before (loss, correct, count; multi-label: loss and count): the `extra` # feature: multilabel
 sums the task had before (loss, correct, count): the `extra` # feature: !multilabel
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +43,7 @@ try:
     from {{ cookiecutter.package_name }}.models import build_model
     from {{ cookiecutter.package_name }}.tools.cli import Parser
     from {{ cookiecutter.package_name }}.utils.device import resolve_device, sums_dtype
+    from {{ cookiecutter.package_name }}.validation import Totals
 except ModuleNotFoundError as exc:  # before `pip install -e .`: one line says so
     import _bootstrap
 
@@ -102,16 +105,15 @@ def bce_sums(output: torch.Tensor, y: torch.Tensor) -> dict:
 # <<< multilabel
 
 
-def validation_time(sums, summarise, batches, device) -> float:
-    """Seconds to add up `sums` over the batches and turn them into metrics (one .tolist(),
-    as validation.evaluate reads them)."""
+def validation_time(task, batches, device) -> float:
+    """Seconds to combine the task's sums over the batches and turn them into metrics, as
+    validation.evaluate does (validation.Totals)."""
     _sync(device)
     start = time.perf_counter()
-    totals = None
+    totals = Totals(task, device)
     for output, y in batches:
-        part = sums(output, y)
-        totals = part if totals is None else {k: totals[k] + v for k, v in part.items()}
-    summarise({k: v.tolist() for k, v in totals.items()})
+        totals.add(task.sums(output, y), output)
+    totals.metrics()
     return time.perf_counter() - start
 
 
@@ -137,14 +139,11 @@ def measure(name: str, cfg, steps: int, repeats: int) -> dict:
         model.eval()
         outputs = [(model(x.to(device)), y.to(device)) for x, y in data.val_loader]
     task = data.task
-    new = statistics.median(
-        validation_time(task.sums, task.summarise, outputs, device) for _ in range(repeats)
-    )
+    new = statistics.median(validation_time(task, outputs, device) for _ in range(repeats))
     baseline = bce_sums if task.targets == "labels" else old_sums  # feature: multilabel
     baseline = old_sums  # feature: !multilabel
-    old = statistics.median(
-        validation_time(baseline, lambda s: s, outputs, device) for _ in range(repeats)
-    )
+    before = SimpleNamespace(sums=baseline, summarise=lambda sums: sums)
+    old = statistics.median(validation_time(before, outputs, device) for _ in range(repeats))
     return {
         "case": name,
         "device": str(device),

@@ -2,14 +2,15 @@
 parts, pos_weight (none, auto, a list, a mapping) reaches the loss, the thresholds are tuned
 per label on validation and used by evaluate and predict; a table's labels are read from
 several 0/1 columns or one joined column, tensor files' from a 0/1 float y; and a run
-trains, evaluates and predicts."""  # feature: !export
-trains, evaluates, predicts and exports with the sigmoid inside the artifact."""  # feature: export
+trains, evaluates, predicts and exports with the sigmoid inside the artifact."""
 
 from __future__ import annotations
 
 import csv
-import json  # feature: export
+import json
+import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,12 +20,14 @@ from test_tasks import in_parts, task
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.tasks import ranking
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
-from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
+from {{ cookiecutter.package_name }}.tools.export import export_main
 from {{ cookiecutter.package_name }}.tools.predict import predict
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils.metrics import flatten
+
+hypothesis = pytest.importorskip("hypothesis")
+st, given, settings = hypothesis.strategies, hypothesis.given, hypothesis.settings
 
 LABELS = ["beach", "dog", "people", "sunset"]
 
@@ -36,45 +39,100 @@ def tagged(n: int = 600, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 4, generator=g) + 2.0 * y - 1.0, y
 
 
-def test_metrics_match_sklearn_from_sums_over_uneven_parts():
+def sklearn_multilabel(truth, p, thresholds) -> dict:
+    """scikit-learn's multi-label metrics of probabilities `p` decided at `thresholds`."""
     metrics = pytest.importorskip("sklearn.metrics")
+    pred = (p >= np.float32(thresholds)).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # labels without positives: sklearn warns, gives 0
+        want = {
+            "micro_f1": metrics.f1_score(truth, pred, average="micro", zero_division=0),
+            "macro_f1": metrics.f1_score(truth, pred, average="macro", zero_division=0),
+            "exact_match": metrics.accuracy_score(truth, pred),
+            "map": metrics.average_precision_score(truth, p, average="macro"),
+        }
+        ap = metrics.average_precision_score(truth, p, average=None)
+        want |= {f"ap/{i}": v for i, v in enumerate(np.atleast_1d(ap))}
+        for name, fn in [
+            ("precision", metrics.precision_score),
+            ("recall", metrics.recall_score),
+            ("f1", metrics.f1_score),
+        ]:
+            per_label = fn(truth, pred, average=None, zero_division=0)
+            want |= {f"{name}/{i}": v for i, v in enumerate(per_label)}
+    return want
+
+
+def assert_equal_to(got: dict, want: dict) -> None:
+    for name, value in want.items():
+        assert abs(got[name] - value) <= 1e-9, (name, got[name], value)
+
+
+def test_metrics_match_sklearn_from_sums_over_uneven_parts():
     logits, y = tagged()
     got = flatten(in_parts(task("multilabel", num_labels=4), logits, y, cuts=(7, 250)))
-    p = logits.sigmoid().numpy()
-    pred, truth = (p >= 0.5).astype(int), y.numpy().astype(int)
     assert got["count"] == 600
     assert got["loss"] == pytest.approx(F.binary_cross_entropy_with_logits(logits, y).item())
-    assert got["micro_f1"] == pytest.approx(metrics.f1_score(truth, pred, average="micro"))
-    assert got["macro_f1"] == pytest.approx(metrics.f1_score(truth, pred, average="macro"))
-    assert got["exact_match"] == pytest.approx(metrics.accuracy_score(truth, pred))
-    for name, fn in [
-        ("precision", metrics.precision_score),
-        ("recall", metrics.recall_score),
-        ("f1", metrics.f1_score),
-    ]:
-        want = fn(truth, pred, average=None, zero_division=0).tolist()
-        assert [got[f"{name}/{i}"] for i in range(4)] == pytest.approx(want), name
-    want_ap = metrics.average_precision_score(truth, p, average=None).tolist()
-    assert [got[f"ap/{i}"] for i in range(4)] == pytest.approx(want_ap, abs=1e-3)
-    want_map = metrics.average_precision_score(truth, p, average="macro")
-    assert got["map"] == pytest.approx(want_map, abs=1e-3)
+    p, truth = logits.sigmoid().numpy(), y.numpy().astype(int)
+    assert_equal_to(got, sklearn_multilabel(truth, p, [0.5] * 4))
 
 
-def test_auto_thresholds_are_each_labels_f1_best_and_are_recorded_in_the_data_meta():
-    metrics = pytest.importorskip("sklearn.metrics")
+def test_a_label_without_positives_counts_in_the_macro_averages_as_sklearn_counts_it():
+    """Rare labels are often absent from a split: macro-F1 and mAP averaged only the labels
+    present (0.75 and 0.9167 here), where sklearn counts every label (0.5 and 0.6111)."""
+    truth = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 0]])
+    p = np.float32([[0.9, 0.2, 0.1], [0.3, 0.8, 0.4], [0.4, 0.7, 0.2], [0.6, 0.1, 0.3]])
+    logits = torch.logit(torch.from_numpy(p).double()).float()
+    got = flatten(in_parts(task("multilabel", num_labels=3), logits, torch.tensor(truth).float()))
+    assert_equal_to(got, sklearn_multilabel(truth, logits.sigmoid().numpy(), [0.5] * 3))
+    # By hand: F1 0.5, 1, 0 (no positives, none predicted); AP 5/6, 1, 0.
+    assert got["macro_f1"] == pytest.approx(0.5) and got["map"] == pytest.approx(11 / 18)
+
+
+@st.composite
+def multilabel_cases(draw):
+    # From 2: sklearn reads a one-column indicator matrix as binary targets, not labels.
+    labels, n = draw(st.integers(2, 8)), draw(st.integers(1, 60))
+    rates = draw(
+        st.lists(st.sampled_from([0.0, 0.05, 0.5, 1.0]), min_size=labels, max_size=labels)
+    )
+    truth = [[int(draw(st.floats(0, 1)) < r) for r in rates] for _ in range(n)]
+    values = st.sampled_from([-3.0, -0.5, 0.0, 0.5, 1.0, 4.0])  # ties across samples
+    logits = draw(st.lists(values, min_size=n * labels, max_size=n * labels))
+    parts = tuple(sorted(draw(st.lists(st.integers(0, n), max_size=3))))
+    auto = draw(st.booleans())
+    return torch.tensor(logits).view(n, labels), np.array(truth), parts, auto
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(multilabel_cases())
+def test_every_multilabel_metric_equals_sklearn_with_absent_labels_and_ties(case):
+    logits, truth, parts, auto = case
+    meta, labels = {}, truth.shape[1]
+    option = "task.threshold=auto" if auto else "task.threshold=0.5"
+    t = task("multilabel", option, meta=meta, num_labels=labels)
+    got = flatten(in_parts(t, logits, torch.from_numpy(truth).float(), parts))
+    thresholds = [got[f"threshold/{i}"] for i in range(labels)]
+    assert_equal_to(got, sklearn_multilabel(truth, logits.sigmoid().numpy(), thresholds))
+    if auto:  # each label's threshold gives its best F1 on the split (sklearn's curve)
+        metrics = pytest.importorskip("sklearn.metrics")
+        assert meta["tuned"]["positives"] == truth.sum(0).tolist()
+        for i in range(labels):
+            if truth[:, i].any():
+                p = logits[:, i].sigmoid().numpy()
+                precision, recall, _ = metrics.precision_recall_curve(truth[:, i], p)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    f1 = np.nan_to_num(2 * precision * recall / (precision + recall))
+                assert abs(got[f"f1/{i}"] - f1.max()) <= 1e-9
+
+
+def test_auto_thresholds_are_recorded_in_the_data_meta_and_decide_afterwards():
     logits, y = tagged(seed=1)
     meta = {}
     t = task("multilabel", "task.threshold=auto", meta=meta, num_labels=4)
     got = flatten(in_parts(t, logits, y))
     thresholds = meta["tuned"]["thresholds"]
     assert thresholds == [got[f"threshold/{i}"] for i in range(4)] == t.thresholds
-    p, truth = logits.sigmoid().numpy(), y.numpy().astype(int)
-    for i, chosen in enumerate(thresholds):
-        f1 = metrics.f1_score(truth[:, i], p[:, i] >= chosen)
-        assert got[f"f1/{i}"] == pytest.approx(f1)  # exact at a bin edge
-        edges = [k / ranking.BINS for k in range(0, ranking.BINS, 16)]
-        best = max(metrics.f1_score(truth[:, i], p[:, i] >= e) for e in edges)
-        assert f1 >= best - 1e-12  # no coarser edge does better
     assert thresholds != [0.5] * 4
     # A task built from that meta (evaluate, predict, a resume) decides with them.
     again = task("multilabel", "task.threshold=auto", meta=meta, num_labels=4)
@@ -202,8 +260,7 @@ def test_tensor_files_with_0_1_float_targets_train_and_other_values_are_refused(
         fit(load_config(None, [*args, "run.name=other"]))
 
 
-@pytest.mark.slow  # trains, evaluates, predicts, exports  # feature: export
-@pytest.mark.slow  # trains, evaluates, predicts  # feature: !export
+@pytest.mark.slow  # trains, evaluates, predicts, exports
 def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, tiny, capsys):
     table = tmp_path / "tags.csv"
     tags_table(table, n=600)
@@ -240,7 +297,6 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
             n for n, d in zip(("blue", "green", "red"), decided, strict=True) if d
         )
     assert done["accuracy"] == pytest.approx(evaluated["exact_match"])  # the same decisions
-    # >>> export
     assert export_main(["--checkpoint", str(run / "best.pt"), "--format", "export"]) == 0
     exported = json.loads((run / "best.pt2.json").read_text())
     assert exported["output"]["labels"] == ["blue", "green", "red"]
@@ -256,14 +312,12 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
         first = list(csv.DictReader(f))[:8]
     want = [float(r[f"prob_{n}"]) for r in first for n in ("blue", "green", "red")]
     assert probabilities.flatten().tolist() == pytest.approx(want, abs=1e-5)
-    # <<< export
     capsys.readouterr()
     with pytest.raises(ConfigError, match="task.pos_weight=none differs"):
         fit(load_config(None, [*args, "train.epochs=5", "train.resume=auto",
                                "task.pos_weight=none"]))  # fmt: skip
 
 
-# >>> images
 def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_path, tiny):
     from test_image_folder import write_images
 
@@ -291,4 +345,3 @@ def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_p
     (tmp_path / "labels.csv").write_text("file,labels\na/000.png,cat\na/999.png,dog\n")
     with pytest.raises(ConfigError, match="names '.*999.png', which does not exist"):
         fit(load_config(None, [*args, "run.name=other"]))
-# <<< images

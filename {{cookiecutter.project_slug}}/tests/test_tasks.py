@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }} import distributed
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tasks import TASKS, build_task
+from {{ cookiecutter.package_name }}.validation import Totals
 
 
 def task(name: str, *overrides: str, meta: dict | None = None, **data):
@@ -23,14 +24,17 @@ def task(name: str, *overrides: str, meta: dict | None = None, **data):
 
 
 def in_parts(t, output, y, cuts=(3, 10, 11)):
-    """Metrics from sums over uneven parts, as evaluate adds batches and all-reduces ranks."""
+    """Metrics from sums over uneven parts, as evaluate adds batches (validation.Totals)."""
     bounds = [0, *cuts, len(y)]
-    parts = [t.sums(output[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
-    for part in parts:  # named float64 tensors, the same names in every part
-        assert part.keys() == parts[0].keys(), part.keys()
-        assert all(v.dtype == torch.float64 for v in part.values()), part
-    totals = {k: sum(p[k] for p in parts) for k in parts[0]}
-    return t.summarise({k: v.tolist() for k, v in totals.items()})
+    totals, names = Totals(t, torch.device("cpu")), None
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        part = t.sums(output[a:b], y[a:b])
+        names = names or set(part)
+        assert set(part) == names, part.keys()  # the same names in every part
+        added = {k: v for k, v in part.items() if k not in getattr(t, "gathered", ())}
+        assert all(v.dtype == torch.float64 for v in added.values()), part  # float64 sums
+        totals.add(part, output[a:b])
+    return totals.metrics()
 
 
 def test_classification_metrics_match_a_direct_computation():

@@ -203,6 +203,23 @@ def all_reduce_sums(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: part.view_as(sums[k]) for k, part in zip(keys, parts, strict=True)}
 
 
+def all_gather_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows (N_rank, ...) concatenated in rank order, on every rank; the ranks
+    may hold different numbers of rows (uneven shards, a rank with none)."""
+    if not is_distributed():
+        return rows
+    rows = _check_device(rows.contiguous())
+    count = torch.tensor([len(rows)], dtype=torch.int64, device=rows.device)
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    padded = rows.new_zeros((max(sizes), *rows.shape[1:]))  # all_gather needs equal sizes
+    padded[: len(rows)] = rows
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes, strict=True)])
+
+
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     if is_distributed():
         dist.all_reduce(_check_device(tensor), op=dist.ReduceOp.MAX)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -25,7 +25,7 @@ from .errors import UserError
 from .utils.device import autocast, memory_mb, to_device
 from .utils.logger import MetricLogger
 from .utils.signals import StopSignal
-from .validation import evaluate
+from .validation import evaluate, notes
 
 
 class NonFiniteLoss(UserError):
@@ -76,6 +76,7 @@ class Loop:
     log: MetricLogger
     stop: StopSignal
     vote: distributed.StopVote  # the ranks agree on a stop every couple of seconds
+    said: set = field(default_factory=set)  # the validation notes printed
 
 
 def run_epochs(loop: Loop, ckpts: CheckpointManager) -> tuple[dict, str | None]:
@@ -109,22 +110,21 @@ def validate_and_save(
     """Validate the model as it is, save it (best.pt too when it improves) and report: at the
     end of an epoch, or where train.max_steps ends the run mid-epoch, so that the summary,
     runs.csv and best.pt describe the final model. Returns the metrics."""
-    cfg, progress = loop.cfg, loop.progress
+    cfg, progress, data = loop.cfg, loop.progress, loop.data
     best_metric, best_mode = cfg.best()
     # Every rank evaluates the BatchNorm statistics it saves.
     distributed.sync_buffers(loop.trainee.model)
-    data = loop.data
-    metrics = evaluate(loop.trainee.model, data.val_loader, data.task, loop.device, cfg.train.amp)
+    model, split = loop.trainee.model, f"the validation split at step {progress.step}"
+    metrics = evaluate(model, data.val_loader, data.task, loop.device, cfg.train.amp, split=split)
+    for line in notes(data.task, metrics, best_metric, loop.said) if loop.dist.is_main else ():
+        tqdm.write(line)
     if stats["finished"]:
         progress.epoch, progress.epoch_samples = progress.epoch + 1, 0
     # A part of an epoch is no epoch for early stopping; a resume continues that epoch.
     tie_metric, tie_mode = cfg.tie_break()  # equal best values: the lower loss wins
+    tie = (metrics[tie_metric], tie_mode)
     is_best = progress.improves(
-        metrics[best_metric],
-        best_mode,
-        cfg.train.early_stop_min_delta,
-        stats["finished"],
-        tie=(metrics[tie_metric], tie_mode),
+        metrics[best_metric], best_mode, cfg.train.early_stop_min_delta, stats["finished"], tie=tie
     )
     progress.train_seconds += train_time
     progress.samples += stats["samples"]

@@ -16,15 +16,22 @@ tasks/<name>.py with a class like those below, then add one line to TASKS. A tas
   vectors) summed over the batch. The caller adds them per name over batches, then over
   ranks in one all-reduce (distributed.all_reduce_sums), so metrics are exact on any number
   of GPUs. A new metric is a new key here and in `summarise`;
+- `gathered` (optional): names of `sums` entries that hold one row per sample, a tensor
+  (N, ...) of any dtype, for metrics that need every sample (AUROC ranks them all): these are
+  concatenated over batches and ranks instead of added;
 - `summarise(sums)`: the metrics dict from the totals (given as floats, or lists for
-  vectors), read by name; "loss" and "count" included. A metric may be a scalar or a vector
+  vectors; a gathered entry as one CPU tensor of the split's rows in no particular order),
+  read by name; "loss" and "count" included. A metric may be a scalar or a vector
   with one value per class / label (a list or a 1-D tensor): name it in `vector_metrics`,
   and the records hold it per entry, `<name>/<label>` (utils/metrics.flatten), with the
   names of `label_names` (a list of str, optional; indices without it). An entry, say
   `f1/cat`, works as train.best_metric, with its vector's direction.
 - `tune` (optional): whether validation tunes the task's decisions (classification's
   task.threshold=auto); a task that tunes records them as meta["tuned"] in the data meta it
-  was given, which every checkpoint saves; evaluate sets `tune = False` to score with them.
+  was given, which every checkpoint saves; `frozen_task` builds a task with `tune = False`
+  from a checkpoint, which scores any other split (evaluate.py, the end-of-run test score).
+  `note` (optional): one line about the last tuning, printed once by the run (too few
+  positives to tune on), or None.
 # >>> export
 - `head()`, `describe()` (optional): `decode` as a module for the exported artifact (None:
   the outputs as they are) and what the artifact's output is (its JSON's "output": shape,
@@ -39,6 +46,9 @@ anything, so a task returning the wrong kind or shape is one line naming the met
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+
 from ..errors import ConfigError
 from .classification import Classification
 from .language_model import LanguageModel  # feature: text
@@ -46,7 +56,7 @@ from .multilabel import MultiLabel  # feature: multilabel
 from .protocol import check_task
 from .regression import Regression
 
-__all__ = ["TASKS", "build_task", "check_metric", "check_task", "metric_names"]
+__all__ = ["TASKS", "build_task", "check_metric", "check_task", "frozen_task", "metric_names"]
 
 TASKS = {
     "classification": Classification,
@@ -62,6 +72,26 @@ def build_task(cfg, data, meta: dict | None = None, best: tuple[str, str] | None
     task = TASKS[cfg.name](cfg.options, data, meta if meta is not None else {})
     if best is not None:
         check_metric(best[0], "train.best_metric", task)
+    return task
+
+
+# What each kind of targets calls the model's output size, as a dataset states it.
+SIZES = {
+    "class": "num_classes",
+    "value": "num_targets",
+    "labels": "num_labels",
+    "tokens": "vocab_size",
+}
+
+
+def frozen_task(cfg, num_outputs: int, meta: dict):
+    """The task of a checkpoint (cfg: its TaskConfig, its output size, its data meta), with
+    the decisions it tuned on validation frozen: every split but the validation that tunes
+    them is scored by it (evaluate.py, the end-of-run test score, predict.py), never retuned
+    on the split it scores."""
+    size = {SIZES[TASKS[cfg.name].targets]: num_outputs}
+    task = build_task(cfg, SimpleNamespace(**size), copy.deepcopy(meta))
+    task.tune = False
     return task
 
 

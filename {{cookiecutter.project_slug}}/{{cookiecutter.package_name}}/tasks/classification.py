@@ -2,10 +2,11 @@
 logits (N, K); accuracy, per-class precision / recall / F1, macro-F1, balanced accuracy and,
 for two classes, AUROC and average precision, a decision threshold tuned on validation.
 
-Every metric comes from float64 sums that add up over batches and ranks: the K x K
-confusion matrix and, for two classes, the histogram of the positive class's probability
-(tasks/ranking.py). The positive class of two is the second (classes sort by name: "no",
-"yes"; 0, 1), decided by `probability >= task.threshold`.
+Every metric is exact: the K x K confusion matrix of the decisions is a float64 sum over
+batches and ranks; for two classes, the positive class's probability and the target of each
+sample are gathered instead, and the confusion, AUROC, AP and a tuned threshold come from
+them (tasks/ranking.py). The positive class of two is the second (classes sort by name:
+"no", "yes"; 0, 1), decided by `probability >= task.threshold`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def threshold_check(threshold) -> tuple[str, bool, str]:
 class Classification:
     Options = Options
     targets = "class"
+    gathered = ("scores",)  # sums kept per sample (two classes): concatenated, not added
     metrics = {
         "acc": "max",
         "loss": "min",
@@ -102,6 +104,7 @@ class Classification:
         self.tune = opts.threshold == "auto"
         saved = self.meta.get("tuned", {}).get("threshold")
         self.threshold = saved if self.tune and saved is not None else _fixed(opts.threshold)
+        self.note = None  # one line about the last tuning (too few positives), or None
         self._weight_copies = {}
 
     def _weights_on(self, device: torch.device) -> torch.Tensor | None:
@@ -124,8 +127,12 @@ class Classification:
         """Class ids (N,) from probabilities (N, K): for two classes the second where its
         probability reaches the threshold, else the most probable."""
         if self.num_outputs == 2:
-            return (probabilities[:, 1] >= self.threshold).long()
+            return self.positive(probabilities[:, 1])
         return probabilities.argmax(1)
+
+    def positive(self, scores: torch.Tensor) -> torch.Tensor:
+        """Two classes: 1 where the second class's probability (float32) >= the threshold."""
+        return (scores.float() >= self.threshold).long()
 
     def sums(self, output: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         # The reported loss is the plain cross-entropy, comparable across label_smoothing and
@@ -137,34 +144,31 @@ class Classification:
             "loss": F.cross_entropy(logits, y, reduction="sum").to(wide),
             "count": torch.full((), len(y), dtype=wide, device=y.device),
         }
-        if k == 2:  # one bincount: the positive class's probability per bin and class
-            sums["scores"] = ranking.histogram(probabilities[:, 1], y, wide)
-        if not self._from_scores():
+        if k == 2:  # (N, 2): each sample's score and target; summarise decides on them
+            sums["scores"] = torch.stack([probabilities[:, 1], y.float()], 1)
+        else:
             cells = torch.bincount(y * k + self.decide(probabilities), minlength=k * k)
             sums["confusion"] = cells.to(wide).view(k, k)  # [true class, predicted class]
         return sums
 
-    def _from_scores(self) -> bool:
-        """Whether the histogram gives the confusion exactly: two classes and a threshold on
-        a bin edge (0.5, any tuned one), so no second bincount per batch is needed."""
-        return self.num_outputs == 2 and float(self.threshold * ranking.BINS).is_integer()
-
     def summarise(self, sums: dict) -> dict:
-        count, scores = sums["count"], sums.get("scores")
-        if scores is not None:  # from lists once (~1 ms), not in each ranking function
-            scores = torch.tensor(scores, dtype=torch.float64, device="cpu")
-        if scores is not None and self.tune:  # the F1-best threshold: a bin edge, exact there
-            self.threshold = ranking.best_threshold(scores)[0][0]
-            self.meta["tuned"] = {"threshold": self.threshold}  # saved with the data meta
-        if "confusion" in sums:
+        count, rows = sums["count"], sums.get("scores")
+        metrics = {"loss": sums["loss"] / count}
+        if rows is None:
             confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
         else:
-            confusion = ranking.confusion_at(scores, [self.threshold])[0]
-        metrics = {"loss": sums["loss"] / count, **from_confusion(confusion)}
-        if scores is not None:
-            metrics["auroc"] = ranking.auroc(scores)[0]
-            metrics["ap"] = ranking.average_precision(scores)[0]
+            scores, targets = rows[:, 0], rows[:, 1].long()
+            if self.tune:  # on this split; evaluate.py and the test split score with it frozen
+                self.threshold = ranking.best_threshold(scores, targets)[0]
+                positives = int(targets.sum())
+                self.meta["tuned"] = {"threshold": self.threshold, "positives": positives}
+                self.note = ranking.tuning_note("task.threshold", [positives])
+            cells = torch.bincount(targets * 2 + self.positive(scores), minlength=4)
+            confusion = cells.to(torch.float64).view(2, 2)
+            metrics["auroc"] = ranking.auroc(scores, targets)
+            metrics["ap"] = ranking.average_precision(scores, targets)
             metrics["threshold"] = self.threshold
+        metrics |= from_confusion(confusion)
         order = ["loss", *self.metrics, "threshold"]  # as the console and summary show them
         return {**{m: metrics[m] for m in order if m in metrics}, "count": int(count)}
 
@@ -197,9 +201,10 @@ class Classification:
 
 def from_confusion(confusion: torch.Tensor) -> dict:
     """acc, per-class precision / recall / F1, macro-F1 and balanced accuracy from a K x K
-    confusion matrix [true, predicted]. As scikit-learn: a class never predicted has
-    precision 0; macro-F1 averages the classes present in either, balanced accuracy the
-    recall of the classes present in the targets."""
+    confusion matrix [true, predicted], as scikit-learn's default calls compute them: a
+    ratio without a denominator is 0 (zero_division=0); macro averages (macro_f1, and the
+    report's macro_precision and macro_recall) take the classes present in the targets or
+    the decisions, balanced accuracy the recall of the classes present in the targets."""
     hits, support, predicted = confusion.diagonal(), confusion.sum(1), confusion.sum(0)
     precision = hits / predicted.clamp(min=1)
     recall = hits / support.clamp(min=1)
@@ -208,6 +213,8 @@ def from_confusion(confusion: torch.Tensor) -> dict:
     return {
         "acc": (hits.sum() / confusion.sum().clamp(min=1)).item(),
         "macro_f1": f1[present].mean().item() if present.any() else math.nan,
+        "macro_precision": precision[present].mean().item() if present.any() else math.nan,
+        "macro_recall": recall[present].mean().item() if present.any() else math.nan,
         "balanced_acc": recall[support > 0].mean().item() if (support > 0).any() else math.nan,
         "precision": precision.tolist(),
         "recall": recall.tolist(),

@@ -4,18 +4,17 @@ vector (N, L) ("a photo of a beach and a dog"; a ticket that is both "billing" a
 each label's positives optionally weighted (`task.pos_weight`); `decode` is the sigmoid, so
 predictions give a probability per label.
 
-Metrics, each validation, from float64 sums that add up over batches and ranks: per label
-precision, recall, F1 and average precision (AP), their micro- and macro-F1, the mean AP
-(map) and the exact match ratio (every label of a sample right). AP comes from the per-label
-score histogram of tasks/ranking.py (within 1e-3 of scikit-learn, stated there); precision,
-recall and F1 from the decisions' counts (read off the histogram where every threshold is a
-bin edge: 0.5 and any tuned one). A label is predicted when its probability reaches
-its threshold: `task.threshold` for all, or `auto`, each label's F1-best threshold on the
-validation split (a histogram bin edge, so F1 there is exact), saved in the checkpoint's
-data meta and used by evaluate.py and predict.py (and an export's JSON). With `auto`, the exact  # feature: export
-data meta and used by evaluate.py and predict.py. With `auto`, the exact  # feature: !export
-match ratio is counted at the thresholds in force while the split is scored (the previous
-validation's; the others are tuned on it first), since it needs each sample's decisions.
+Metrics, each validation, exact and as scikit-learn defines them: per label precision,
+recall, F1 and average precision (AP), their micro- and macro-F1, the mean AP (map) and the
+exact match ratio (every label of a sample right). Each sample's probabilities and targets
+are gathered over batches and ranks (8 bytes per label), so every count comes from the
+decisions themselves. Macro averages take every label, a label without positives included
+(its F1 is 0 where nothing was predicted, its AP 0), as scikit-learn's `average="macro"`. A
+label is predicted when its probability reaches its threshold: `task.threshold` for all, or
+`auto`, each label's F1-best threshold on the validation split (tasks/ranking.py), saved in
+the checkpoint's data meta and used by evaluate.py and predict.py (and an export's JSON);  # feature: export
+the checkpoint's data meta and used by evaluate.py and predict.py;  # feature: !export
+every metric of a validation that tunes them is counted at the thresholds it tuned.
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ class MultiLabel:
         "ap": "max",
     }
     vector_metrics = ("precision", "recall", "f1", "ap", "threshold")  # per label: f1/<label>
+    gathered = ("scores",)  # sums kept per sample: concatenated over batches and ranks
 
     def __init__(self, opts: Options, data, meta: dict | None = None):
         # A CSV's label columns set num_labels; tensor files' float targets (N, L) num_targets.
@@ -89,6 +89,7 @@ class MultiLabel:
         saved = self.meta.get("tuned", {}).get("thresholds")
         fixed = 0.5 if self.tune else float(opts.threshold)  # auto before any validation
         self.thresholds = list(saved) if self.tune and saved is not None else [fixed] * k
+        self.note = None  # one line about the last tuning (too few positives), or None
         self._copies = {}
 
     def _on(self, name: str, values, device: torch.device) -> torch.Tensor:
@@ -113,53 +114,42 @@ class MultiLabel:
     def sums(self, output: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         wide = sums_dtype(y.device)
         logits, truth = output.float(), y.float()
-        probabilities = logits.sigmoid()
-        predicted, actual = self.decide(probabilities).bool(), truth > 0.5
-        sums = {
+        return {
             "loss": F.binary_cross_entropy_with_logits(logits, truth, reduction="sum").to(wide),
             "count": torch.full((), len(y), dtype=wide, device=y.device),
-            # (L, 2, BINS), flat: summarise reads a flat list back ~5x faster than nested ones
-            "scores": ranking.histogram(probabilities, truth, wide).flatten(),
-            "exact": (predicted == actual).all(1).sum().to(wide),
+            # (N, 2L): each sample's probabilities, then its 0/1 targets
+            "scores": torch.cat([logits.sigmoid(), (truth > 0.5).float()], 1),
         }
-        if not self._from_scores():  # a threshold between bin edges: count the decisions
-            sums["tp"] = (predicted & actual).sum(0).to(wide)
-            sums["fp"] = (predicted & ~actual).sum(0).to(wide)
-            sums["fn"] = (~predicted & actual).sum(0).to(wide)
-        return sums
-
-    def _from_scores(self) -> bool:
-        """Whether the histogram gives each label's counts exactly: every threshold on a bin
-        edge (0.5, any tuned one), so no counting per batch is needed."""
-        return self.tune or all(float(t * ranking.BINS).is_integer() for t in self.thresholds)
 
     def summarise(self, sums: dict) -> dict:
-        count = sums["count"]
-        scores = torch.tensor(sums["scores"], dtype=torch.float64, device="cpu")
-        scores = scores.view(self.num_outputs, 2, ranking.BINS)
-        if self.tune:  # each label's F1-best bin edge; its counts there are exact
-            self.thresholds = ranking.best_threshold(scores)[0]
-            self.meta["tuned"] = {"thresholds": self.thresholds}  # saved with the data meta
-        if "tp" not in sums:  # thresholds on bin edges: the counts from the histogram, exact
-            cells = ranking.confusion_at(scores, self.thresholds)  # [label, true, predicted]
-            tp, fp, fn = cells[:, 1, 1], cells[:, 0, 1], cells[:, 1, 0]
-        else:
-            tp, fp, fn = (torch.tensor(sums[k], dtype=torch.float64) for k in ("tp", "fp", "fn"))
+        count, k = sums["count"], self.num_outputs
+        rows = sums["scores"]
+        scores, truth = rows[:, :k], rows[:, k:].long()
+        if self.tune:  # each label's F1-best threshold on this split
+            tuned = (ranking.best_threshold(scores[:, i], truth[:, i]) for i in range(k))
+            self.thresholds = [threshold for threshold, _ in tuned]
+            positives = truth.sum(0).tolist()
+            self.meta["tuned"] = {"thresholds": self.thresholds, "positives": positives}
+            self.note = ranking.tuning_note("task.threshold", positives)
+        predicted, actual = self.decide(scores).bool(), truth.bool()
+        tp, fp, fn = (
+            m.sum(0).to(torch.float64)
+            for m in (predicted & actual, predicted & ~actual, ~predicted & actual)
+        )
         f1 = 2 * tp / (2 * tp + fp + fn).clamp(min=1)
-        present = (tp + fp + fn) > 0  # as classification: labels seen in targets or decisions
-        ap = torch.tensor(ranking.average_precision(scores), dtype=torch.float64)
-        with_positives = ~ap.isnan()
+        ap = [ranking.average_precision(scores[:, i], truth[:, i]) for i in range(k)]
+        exact = (predicted == actual).all(1).sum().item()  # every label of a sample right
         micro = 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()).clamp(min=1)
         return {
-            "loss": sums["loss"] / max(count * self.num_outputs, 1),  # per label and sample
-            "map": ap[with_positives].mean().item() if with_positives.any() else math.nan,
+            "loss": sums["loss"] / max(count * k, 1),  # per label and sample
+            "map": sum(ap) / k,
             "micro_f1": micro.item(),
-            "macro_f1": f1[present].mean().item() if present.any() else math.nan,
-            "exact_match": sums["exact"] / count if count else math.nan,
+            "macro_f1": f1.mean().item(),
+            "exact_match": exact / count if count else math.nan,
             "precision": (tp / (tp + fp).clamp(min=1)).tolist(),
             "recall": (tp / (tp + fn).clamp(min=1)).tolist(),
             "f1": f1.tolist(),
-            "ap": ap.tolist(),
+            "ap": ap,
             "threshold": list(self.thresholds),
             "count": int(count),
         }

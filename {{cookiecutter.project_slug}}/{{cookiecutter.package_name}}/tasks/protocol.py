@@ -43,7 +43,12 @@ def _check_all(task, name: str, output: torch.Tensor, y: torch.Tensor, n: int) -
     if not isinstance(sums, dict) or bad:
         what = sums if not isinstance(sums, dict) else sums[bad]
         _refuse(name, "sums(output, y)" + (f"[{bad!r}]" if bad else ""), what, _SUMS)
-    metrics = task.summarise({key: value.tolist() for key, value in sums.items()})
+    kept = [key for key in getattr(task, "gathered", ()) if key in sums]
+    bad = _first({k: sums[k] for k in kept}, lambda v: isinstance(v, torch.Tensor) and len(v) == n)
+    if bad:
+        _refuse(name, f"sums(output, y)[{bad!r}]", sums[bad], f"{n} rows (it is in `gathered`)")
+    added = {key: value.tolist() for key, value in sums.items() if key not in kept}
+    metrics = task.summarise(added | {key: sums[key].cpu() for key in kept})
     if not isinstance(metrics, dict):
         _refuse(name, "summarise(sums)", metrics, "a dict of metrics {name: value}")
     bad = _first(metrics, _metric_value)

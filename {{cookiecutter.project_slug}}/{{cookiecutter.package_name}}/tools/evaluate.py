@@ -105,7 +105,8 @@ def evaluate_checkpoint(
         decide = getattr(task, "decide", None)
         collector = report.Collector(cfg.task.name, task.num_outputs, device, decide)
         model = trained.model.to(device)
-        metrics = evaluate(model, loader, task, device, amp, collector)
+        what = f"--data {data}" if data else f"the {split} split".replace("val ", "validation ")
+        metrics = evaluate(model, loader, task, device, amp, collector, f"{what} of {path}")
         if report_dir:
             collector.finish()  # a collective: every rank takes part
         # What other than the validation split was scored (its metrics stay as they were).
@@ -126,15 +127,13 @@ def evaluate_checkpoint(
 
 def _scored_split(trained, split: str, data: str | None):
     """(task, dataset) to score: the validation split of the checkpoint's data meta (the
-    training run's normalisation, classes and split), its test split, or the file `data`."""
-    from ..trainer import build_data
+    training run's normalisation, classes and split), its test split, or the file `data`;
+    the task is the checkpoint's, its tuned decisions (a threshold) not retuned here."""
+    from .inference import validation_set
 
     if split == "test" or data is not None:
-        task, scored = trained.task, held_out(trained, data)
-    else:
-        _, scored, _, task = build_data(trained.cfg, trained.meta or None)
-    task.tune = False  # the checkpoint's decisions (a tuned threshold), not retuned here
-    return task, scored
+        return trained.task, held_out(trained, data)
+    return trained.task, validation_set(trained)
 
 
 def held_out(trained, data: str | None):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -28,7 +27,7 @@ from ..config import Config, load_config
 from ..data import example_inputs
 from ..errors import ConfigError
 from ..models import architecture, build_model, example_of, model_io
-from ..tasks import TASKS, build_task
+from ..tasks import frozen_task
 from ..trainer import build_data
 from ..utils.device import check_amp, resolve_device
 
@@ -51,17 +50,10 @@ class Trained:
 
     @cached_property
     def task(self):
-        """The run's task, from the checkpoint alone: its size from io, its target statistics
-        from meta; `task.decode(model(x))` is a prediction in the targets' own units."""
-        size = {
-            "class": "num_classes",
-            "value": "num_targets",
-            "labels": "num_labels",
-            "tokens": "vocab_size",
-        }
-        targets = TASKS[self.cfg.task.name].targets
-        data = SimpleNamespace(**{size[targets]: self.io["num_outputs"]})
-        return build_task(self.cfg.task, data, self.meta)
+        """The run's task, from the checkpoint alone, its tuned decisions frozen: its size
+        from io, its target statistics and thresholds from meta; `task.decode(model(x))` is
+        a prediction in the targets' own units."""
+        return frozen_task(self.cfg.task, self.io["num_outputs"], self.meta)
 
 
 def load_trained(path: str, overrides: list[str] = ()) -> Trained:

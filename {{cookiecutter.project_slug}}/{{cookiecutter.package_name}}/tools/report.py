@@ -28,6 +28,7 @@ import torch
 
 from .. import distributed
 from ..errors import UserError
+from ..tasks.classification import from_confusion
 from ..utils import locks
 from ..utils.plots import INSTALL_HINT, available, save_figure
 from . import cli, outputs
@@ -79,25 +80,20 @@ class Collector:
 
 def per_class(confusion: torch.Tensor, classes: list[str]) -> list[dict]:
     """Precision, recall, F1 and support of each class from a confusion matrix whose rows are
-    the true classes and columns the predicted ones; 0 where a ratio has no denominator."""
-    confusion = confusion.double()
-    tp = confusion.diag()
-    predicted, support = confusion.sum(0), confusion.sum(1)
-    rows = []
-    for i, name in enumerate(classes):
-        precision = (tp[i] / predicted[i]).item() if predicted[i] else 0.0
-        recall = (tp[i] / support[i]).item() if support[i] else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        rows.append(
-            {
-                "class": name,
-                "precision": precision,
-                "recall": recall,
-                "f1": f1,
-                "support": int(support[i]),
-            }
-        )
-    return rows
+    the true classes and columns the predicted ones: the task's own formulas (0 where a ratio
+    has no denominator), so the report's numbers are the metrics'."""
+    scores = from_confusion(confusion.double())
+    support = confusion.sum(1).tolist()
+    return [
+        {
+            "class": name,
+            "precision": scores["precision"][i],
+            "recall": scores["recall"][i],
+            "f1": scores["f1"][i],
+            "support": int(support[i]),
+        }
+        for i, name in enumerate(classes)
+    ]
 
 
 # >>> multilabel
@@ -195,8 +191,9 @@ def _write_files(
         names = classes or [str(i) for i in range(collector.k)]
         rows = per_class(collector.confusion.cpu(), names)
         report["per_class"] = rows
+        scores = from_confusion(collector.confusion.cpu().double())  # as the metrics' macro_f1
         report["macro_avg"] = {
-            key: sum(r[key] for r in rows) / len(rows) for key in ("precision", "recall", "f1")
+            key: scores[f"macro_{key}"] for key in ("precision", "recall", "f1")
         }
         report["confusion_matrix"] = collector.confusion.cpu().tolist()
         _write_table(out_dir / "per_class.csv", rows)
@@ -211,12 +208,14 @@ def _write_files(
     locks.replace_text(out_dir / "report.json", json.dumps(report, indent=2))
     if not available():
         return [f"note: matplotlib is not installed; no pictures ({INSTALL_HINT})"]
+    split = metrics.get("split") or ("--data" if "data" in metrics else "validation")
     if collector.task == "classification":
-        _confusion_png(collector.confusion.cpu(), names, out_dir / "confusion_matrix.png")
+        path = out_dir / "confusion_matrix.png"
+        _confusion_png(collector.confusion.cpu(), names, path, split)
     elif collector.task == "regression" and collector.pairs:
         pred = torch.cat([p for p, _ in collector.pairs])
         true = torch.cat([t for _, t in collector.pairs])
-        _scatter_png(pred, true, out_dir / "pred_vs_true.png")
+        _scatter_png(pred, true, out_dir / "pred_vs_true.png", split)
     return []
 
 
@@ -230,7 +229,7 @@ def _figure(width: float, height: float):
     return fig, fig.subplots()
 
 
-def _confusion_png(confusion: torch.Tensor, names: list[str], path: Path) -> None:
+def _confusion_png(confusion: torch.Tensor, names: list[str], path: Path, split: str) -> None:
     k = len(names)
     fig, ax = _figure(min(3 + 0.5 * k, 16), min(2.5 + 0.5 * k, 15))
     image = ax.imshow(confusion.numpy(), cmap="Blues")
@@ -247,12 +246,12 @@ def _confusion_png(confusion: torch.Tensor, names: list[str], path: Path) -> Non
                 ax.text(j, i, value, ha="center", va="center", color=colour, fontsize=8)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    ax.set_title("confusion matrix (validation)")
+    ax.set_title(f"confusion matrix ({split})")
     fig.tight_layout()
     save_figure(fig, path)
 
 
-def _scatter_png(pred: torch.Tensor, true: torch.Tensor, path: Path) -> None:
+def _scatter_png(pred: torch.Tensor, true: torch.Tensor, path: Path, split: str) -> None:
     fig, ax = _figure(5, 5)
     for t in range(pred.shape[1]):
         ax.scatter(true[:, t].numpy(), pred[:, t].numpy(), s=6, alpha=0.5, label=f"target {t}")
@@ -260,7 +259,7 @@ def _scatter_png(pred: torch.Tensor, true: torch.Tensor, path: Path) -> None:
     ax.plot([low, high], [low, high], "k--", linewidth=1)  # perfect predictions
     ax.set_xlabel("true")
     ax.set_ylabel("predicted")
-    ax.set_title("predicted vs true (validation)")
+    ax.set_title(f"predicted vs true ({split})")
     if pred.shape[1] > 1:
         ax.legend()
     fig.tight_layout()

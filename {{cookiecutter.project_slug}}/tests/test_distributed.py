@@ -257,6 +257,47 @@ def test_evaluation_counts_each_sample_once_over_uneven_shards(two_ranks, one_pr
             assert rank["metrics"][key] == pytest.approx(value, rel=1e-5), key
 
 
+@slow
+def test_two_ranks_give_one_process_s_ranking_metrics_with_weights_and_the_balanced_sampler(
+    tmp_path, dump_ranks
+):
+    """AUROC, AP and the tuned threshold gather every sample's score from both ranks (an odd
+    number of validation rows: uneven shards), with class weights and the balanced sampler
+    in training."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(420, 4, generator=g)
+    rare = x[:, 0] + 0.7 * torch.randn(420, generator=g) > 1.0
+    rows = [
+        ",".join(f"{v:.4f}" for v in r) + (",yes" if p else ",no")
+        for r, p in zip(x.tolist(), rare.tolist(), strict=True)
+    ]
+    table = tmp_path / "rare.csv"
+    table.write_text("a,b,c,d,y\n" + "\n".join(rows) + "\n")
+    exact = [a for a in EXACT if not a.startswith(("data.", "model.width"))]
+    args = [
+        *exact, "data.name=csv", f"data.path={table}", "data.label=y", "data.val_fraction=0.231",
+        "task.class_weights=auto", "data.sampler=balanced", "task.threshold=auto",
+        "train.best_metric=auroc",
+    ]  # fmt: skip
+    one = fit(
+        load_config(None, [*args, "train.batch_size=32", f"run.output_dir={tmp_path / 'one'}"])
+    )
+    torchrun(
+        STANDALONE,
+        dump_ranks,
+        tmp_path,
+        *args,
+        "train.batch_size=16",
+        f"run.output_dir={tmp_path / 'two'}",
+    )
+    expected = one["metrics"]
+    assert expected["count"] % 2 == 1 and 0 < expected["auroc"] < 1
+    for rank in ranks(tmp_path):
+        assert rank["metrics"].keys() == expected.keys()
+        for key, value in expected.items():
+            assert rank["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_evaluation_shards_hold_each_sample_once(world):
     shards = [list(ShardedSampler(97, r, world, shuffle=False, even=False)) for r in range(world)]

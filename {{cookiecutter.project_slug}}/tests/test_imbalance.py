@@ -67,8 +67,12 @@ def test_class_weights_reach_the_loss_and_the_reported_loss_stays_plain():
             "classification", option, meta={"class_counts": [100, 20, 8]}, num_classes=3,
             classes=["a", "b", "c"],
         )  # fmt: skip
-        want = F.cross_entropy(logits, y, weight=torch.tensor(weights))
+        # Each sample's loss times its class's weight, over the samples: two halves (ranks,
+        # micro-batches) average to the whole batch's loss.
+        want = (torch.tensor(weights)[y] * F.cross_entropy(logits, y, reduction="none")).mean()
         assert weighted.loss(logits, y).item() == pytest.approx(want.item(), rel=1e-6), option
+        halves = (weighted.loss(logits[:32], y[:32]) + weighted.loss(logits[32:], y[32:])) / 2
+        assert halves.item() == pytest.approx(want.item(), rel=1e-6)
         assert in_parts(weighted, logits, y)["loss"] == in_parts(plain, logits, y)["loss"]
 
 

@@ -1,5 +1,4 @@
-"""The held-out test split (data.test_path, an image folder's test/), evaluate.py --split test # feature: images
-"""The held-out test split (data.test_path), evaluate.py --split test # feature: !images
+"""The held-out test split (data.test_path, an image folder's test/), evaluate.py --split test
 and --data FILE, and the documentation's rule on validation splits other than the checkpoint's."""
 
 from __future__ import annotations
@@ -12,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import documentation
-from PIL import Image  # feature: images
+from PIL import Image
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: text
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
@@ -92,6 +91,56 @@ def test_the_test_table_is_scored_once_at_the_end_with_best_pt_and_recorded(tmp_
     )
 
 
+def write_rare(path: Path, rows: int, seed: int) -> str:
+    """A table whose positive class is rare (about 12 %) and only partly predictable."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 3, generator=g)
+    rare = x[:, 0] + 0.8 * torch.randn(rows, generator=g) > 1.2
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["a", "b", "c", "y"])
+        for row, r in zip(x.tolist(), rare.tolist(), strict=True):
+            writer.writerow([f"{v:.4f}" for v in row] + ["yes" if r else "no"])
+    return str(path)
+
+
+def assert_test_row_is_evaluate_split_test(tmp_path: Path, capsys, overrides: list[str]):
+    """Train with a test split, then: the summary's test line, runs.csv's test_* columns and
+    `evaluate.py --split test` on best.pt agree on every metric, at best.pt's own tuned
+    threshold(s), never tuned on the test split. Returns evaluate's metrics."""
+    capsys.readouterr()
+    fit(load_config(None, overrides))
+    out = capsys.readouterr().out
+    best = tmp_path / "runs" / "default" / "best.pt"
+    with (tmp_path / "runs" / "runs.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["test_model"] == "best.pt"
+    scored = evaluated(capsys, "--checkpoint", str(best), "--split", "test")
+    tested = {k.removeprefix("test_"): v for k, v in row.items() if k.startswith("test_")}
+    del tested["model"]
+    assert tested.keys() == scored.keys() - {"checkpoint", "step", "split"}
+    for key, value in tested.items():
+        assert float(value) == pytest.approx(scored[key], rel=1e-5, abs=1e-6), key  # 6 digits
+    (line,) = [x for x in out.splitlines() if x.lstrip().startswith("test (best.pt")]
+    assert f"macro_f1 {scored['macro_f1']:.4f}" in line
+    tuned = checkpoint.load(best)["data"]["tuned"]
+    thresholds = tuned.get("thresholds") or [tuned["threshold"]]
+    scored_at = [v for k, v in scored.items() if k == "threshold" or k.startswith("threshold/")]
+    assert scored_at == thresholds  # best.pt's, not retuned on the test split
+    return scored
+
+
+def test_the_test_row_is_what_evaluate_split_test_says_with_a_tuned_threshold(tmp_path, capsys):
+    """The end-of-run test score used to retune task.threshold=auto on the test split."""
+    test = write_rare(tmp_path / "test.csv", 300, 1)
+    table = write_rare(tmp_path / "train.csv", 400, 0)
+    run = table_run(tmp_path, f"data.path={table}", f"data.test_path={test}")
+    scored = assert_test_row_is_evaluate_split_test(
+        tmp_path, capsys, [*run, "task.threshold=auto", "train.epochs=3"]
+    )
+    assert 0 < scored["recall/yes"] < 1 and "auroc" in scored
+
+
 def test_evaluate_data_scores_any_labelled_table_with_the_checkpoints_columns(tmp_path, capsys):
     fit(load_config(None, table_run(tmp_path)))
     best = str(tmp_path / "runs" / "default" / "best.pt")
@@ -148,17 +197,14 @@ def test_checkpoints_from_before_the_test_split_still_evaluate(tmp_path, capsys)
     assert scored["count"] == 30
 
 
-# >>> images
 def write_images(folder: Path, count: int, seed: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     for i in range(count):
         pixels = torch.randint(256, (8, 8, 3), generator=g, dtype=torch.uint8)
         Image.fromarray(pixels.numpy()).save(folder / f"{i:03d}.png")
-# <<< images
 
 
-# >>> images
 def test_an_image_folders_test_subfolder_is_held_out_and_not_a_class(tmp_path, capsys):
     root = tmp_path / "images"
     for k, name in enumerate(("cat", "dog")):
@@ -182,10 +228,8 @@ def test_an_image_folders_test_subfolder_is_held_out_and_not_a_class(tmp_path, c
         capsys, "--checkpoint", str(tmp_path / "runs/default/best.pt"), "--split", "test"
     )
     assert scored["count"] == 6
-# <<< images
 
 
-# >>> text
 def test_a_test_text_is_read_with_the_training_vocabulary(tmp_path, capsys):
     text = "the cat sat on the mat. " * 40
     (tmp_path / "train.txt").write_text(text)
@@ -213,4 +257,3 @@ def test_a_test_text_is_read_with_the_training_vocabulary(tmp_path, capsys):
     (tmp_path / "new.txt").write_text("a dog on a log. " * 10)  # d, g: not in training
     with pytest.raises(ConfigError, match="the character 'd', which the training text"):
         fit(load_config(None, [*args, f"data.test_path={tmp_path / 'new.txt'}", "run.name=x"]))
-# <<< text

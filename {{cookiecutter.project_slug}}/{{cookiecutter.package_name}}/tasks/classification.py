@@ -116,9 +116,17 @@ class Classification:
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         weight = self._weights_on(output.device)
-        if weight is not None:
-            weight = weight.to(output.dtype)
-        return F.cross_entropy(output, y, weight=weight, label_smoothing=self.label_smoothing)
+        if weight is None:
+            return F.cross_entropy(output, y, label_smoothing=self.label_smoothing)
+        # Each sample's loss times its class's weight, averaged over the batch's samples (as
+        # Keras' class_weight), not over its weights' sum as torch's `weight=` mean does:
+        # that normaliser differs per rank and micro-batch, so 2 ranks or accumulation
+        # would not take the steps one process with the whole batch takes.
+        weighted = F.cross_entropy(
+            output, y, weight=weight.to(output.dtype), label_smoothing=self.label_smoothing,
+            reduction="none",
+        )  # fmt: skip
+        return weighted.sum() / len(y)
 
     def decode(self, output: torch.Tensor) -> torch.Tensor:
         return output  # logits

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -211,3 +212,27 @@ def test_auroc_of_more_than_two_classes_is_refused_before_anything_is_written(tm
     with pytest.raises(ConfigError, match="train.best_metric=auroc is not reported"):
         fit(load_config(None, [*tiny, "train.best_metric=auroc"]))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_threshold_tuned_on_few_positives_says_so_once_with_the_fix(tmp_path, capsys):
+    from test_test_split import table_run, write_rare
+
+    table = write_rare(tmp_path / "small.csv", 90, 0)  # ~11 positives: 1 or 2 in validation
+    fit(load_config(None, table_run(tmp_path, f"data.path={table}", "task.threshold=auto")))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "was tuned on" in line]
+    assert len(lines) == 1 and "data.val_fraction" in lines[0], out  # once, not per epoch
+    tuned = checkpoint.load(tmp_path / "runs" / "default" / "last.pt")["data"]["tuned"]
+    assert f"tuned on {tuned['positives']} positive(s)" in lines[0] and tuned["positives"] < 10
+
+
+def test_a_best_metric_that_is_nan_is_said_once_instead_of_silently_keeping_epoch_one():
+    from {{ cookiecutter.package_name }}.validation import notes
+
+    said, quiet = set(), SimpleNamespace()
+    metrics = {"auroc": float("nan"), "loss": 0.3}
+    (line,) = notes(quiet, metrics, "auroc", said)
+    assert "val auroc is nan" in line and "train.best_metric" in line
+    assert (
+        notes(quiet, metrics, "auroc", said) == [] and notes(quiet, metrics, "loss", set()) == []
+    )

@@ -371,6 +371,26 @@ def test_every_validation_is_reported_at_its_share_of_an_epoch(tmp_path):
     assert study.trials[0].intermediate_values == {1000: 0.5, 1250: 0.625}
 
 
+def test_no_trial_is_pruned_within_the_warmup_a_quarter_of_its_epochs_by_default(tmp_path):
+    """The median pruner used to stop trials on their first epoch's noise."""
+    optuna = pytest.importorskip("optuna", reason=f"the sweep extra: {INSTALL}")
+    warmup = sweep_optuna.prune_warmup(None, trial_epochs=8)  # 2 epochs
+    assert sweep_optuna.prune_warmup(1.5, trial_epochs=8) == 1501
+    assert sweep_optuna.prune_warmup(None, trial_epochs=2) == 1001  # at least one epoch
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=warmup)
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    good, bad = tmp_path / "good.csv", tmp_path / "bad.csv"
+    good.write_text("epoch,step,val/acc\n1,8,0.9\n2,16,0.9\n3,24,0.9\n")
+    first = study.ask()
+    assert not sweep_optuna._report(first, good, "acc", {})
+    study.tell(first, 0.9)
+    second, reported = study.ask(), {}
+    bad.write_text("epoch,step,val/acc\n1,8,0.1\n2,16,0.1\n")
+    assert not sweep_optuna._report(second, bad, "acc", reported)  # within the warm-up
+    bad.write_text("epoch,step,val/acc\n1,8,0.1\n2,16,0.1\n3,24,0.1\n")
+    assert sweep_optuna._report(second, bad, "acc", reported)  # after it: pruned
+
+
 def test_pruning_compares_trials_at_the_same_share_of_an_epoch_whatever_their_batch(tmp_path):
     optuna = pytest.importorskip("optuna", reason=f"the sweep extra: {INSTALL}")
     pruner = optuna.pruners.MedianPruner(n_startup_trials=1)

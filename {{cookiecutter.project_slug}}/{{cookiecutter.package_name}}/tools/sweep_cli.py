@@ -108,6 +108,13 @@ def _parser() -> cli.Parser:
         metavar="K",
         help="with --optuna: prune once K trials finished (below their median at an epoch)",
     )
+    p.add_argument(
+        "--prune-warmup",
+        type=float,
+        metavar="EPOCHS",
+        help="with --optuna: prune no trial at or before this epoch (default: a quarter of "
+        "train.epochs, at least 1: the first epochs' validation is mostly noise)",
+    )
     p.add_argument("--seeds", type=int, default=1, help="run each config with N seeds")
     p.add_argument("--kfold", type=int, default=0, help="run each config on K folds")
     p.add_argument("--parallel", type=int, default=1, help="trials at a time (subprocesses)")

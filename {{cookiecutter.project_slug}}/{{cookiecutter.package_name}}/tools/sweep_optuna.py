@@ -50,7 +50,9 @@ def run_study(root: Path, args, stops: list[int] | None = None) -> int:
     axes, sweep = _prepare(root, args)
     sweep.signals = stops if stops is not None else sweep.signals
     optuna = import_optuna()
-    metric, mode = load_config(sweep.config, sweep.fixed).best()
+    cfg = load_config(sweep.config, sweep.fixed)
+    metric, mode = cfg.best()
+    warmup = prune_warmup(args.prune_warmup, cfg.train.epochs)
     path = sweep.dir / run_files.STUDY
     sweep._held = sweep_manifest.hold_sweep(sweep.dir, one_trial=False)
     try:
@@ -63,13 +65,16 @@ def run_study(root: Path, args, stops: list[int] | None = None) -> int:
                 direction="maximize" if mode == "max" else "minimize",
                 # Seeded per start: a continued study does not sample its first trials again.
                 sampler=optuna.samplers.TPESampler(seed=args.seed + len(sweep.trials)),
-                pruner=optuna.pruners.MedianPruner(n_startup_trials=args.prune_after),
+                pruner=optuna.pruners.MedianPruner(
+                    n_startup_trials=args.prune_after, n_warmup_steps=warmup
+                ),
                 load_if_exists=True,
             )
             dists = distributions(axes, optuna)
             _agree(sweep, study, optuna, dists, metric)
             recorded = f"{len(sweep.trials)} of {args.optuna} trials recorded"
-            print(f"sweep {sweep.dir}: optuna, {recorded}")
+            after = f"pruning after epoch {warmup // STEP_UNIT:g}"
+            print(f"sweep {sweep.dir}: optuna, {recorded}, {after}")
             return _run(sweep, study, optuna, dists, args.optuna, metric)
     finally:
         sweep.release()
@@ -82,8 +87,10 @@ def _prepare(root: Path, args) -> tuple[dict, Sweep]:
             raise ConfigError(
                 f"--{flag.replace('_', '-')} does not go with --optuna (one trial at a time)"
             )
-    if args.optuna < 1 or args.prune_after < 0:
-        raise ConfigError("--optuna N needs N >= 1, and --prune-after K needs K >= 0")
+    if args.optuna < 1 or args.prune_after < 0 or (args.prune_warmup or 0) < 0:
+        raise ConfigError(
+            "--optuna N needs N >= 1, --prune-after K needs K >= 0 and --prune-warmup E >= 0"
+        )
     fixed, axes = split(args)
     if not axes:
         raise ConfigError("nothing to tune: give ranges, e.g. train.lr=log:1e-4:1e-2")
@@ -270,6 +277,14 @@ def _run_trial(sweep: Sweep, study, optuna, asked, trial: dict, metric: str) -> 
 # epoch is the same share of training in every trial whatever its batch size or accumulation
 # (optimizer steps are not); a validation inside an epoch (train.max_steps) has its own step.
 STEP_UNIT = 1000
+
+
+def prune_warmup(epochs: float | None, trial_epochs: int) -> int:
+    """Optuna's n_warmup_steps: no trial is pruned at or before `epochs` (default: a quarter
+    of its train.epochs, at least 1), when one epoch's validation is mostly noise."""
+    if epochs is None:
+        epochs = max(1, -(-trial_epochs // 4))
+    return int(epochs * STEP_UNIT) + 1  # the pruner stops no trial at a step below this
 
 
 def _report(asked, path: Path, metric: str, reported: dict) -> bool:

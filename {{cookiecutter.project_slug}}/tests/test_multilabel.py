@@ -208,7 +208,8 @@ def test_the_test_row_is_what_evaluate_split_test_says_at_best_pts_thresholds(tm
     tags_table(test, n=200, seed=5)
     run = table_run(tmp_path, f"data.path={train}", f"data.test_path={test}", "data.label=tags")
     args = [*run, "task.name=multilabel", "task.threshold=auto", "train.epochs=3"]
-    scored = assert_test_row_is_evaluate_split_test(tmp_path, capsys, args)
+    scored, out = assert_test_row_is_evaluate_split_test(tmp_path, capsys, args)
+    assert "threshold tuned on the validation split's positives: " in out
     assert 0 < scored["micro_f1"] < 1 and {"map", "exact_match", "f1/red"} <= set(scored)
 
 

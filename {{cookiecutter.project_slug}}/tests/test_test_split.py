@@ -84,6 +84,7 @@ def test_the_test_table_is_scored_once_at_the_end_with_best_pt_and_recorded(tmp_
     assert scored["acc"] == pytest.approx(float(row["test_acc"]), abs=1e-6)
     assert re.search(rf"acc {scored['acc']:.4f}", lines[0])
     assert f"--checkpoint {best} --split test" in out  # the next commands name it
+    assert f"scripts/predict.py --checkpoint {best} {test} --out" in out  # not the training one
     # The test table changed since: refused, pointing at --data.
     write_table(tmp_path / "test.csv", 100, 1)
     assert "evaluate.py --data FILE" in refused(
@@ -107,7 +108,7 @@ def write_rare(path: Path, rows: int, seed: int) -> str:
 def assert_test_row_is_evaluate_split_test(tmp_path: Path, capsys, overrides: list[str]):
     """Train with a test split, then: the summary's test line, runs.csv's test_* columns and
     `evaluate.py --split test` on best.pt agree on every metric, at best.pt's own tuned
-    threshold(s), never tuned on the test split. Returns evaluate's metrics."""
+    threshold(s), never tuned on the test split. Returns evaluate's metrics and the output."""
     capsys.readouterr()
     fit(load_config(None, overrides))
     out = capsys.readouterr().out
@@ -127,7 +128,7 @@ def assert_test_row_is_evaluate_split_test(tmp_path: Path, capsys, overrides: li
     thresholds = tuned.get("thresholds") or [tuned["threshold"]]
     scored_at = [v for k, v in scored.items() if k == "threshold" or k.startswith("threshold/")]
     assert scored_at == thresholds  # best.pt's, not retuned on the test split
-    return scored
+    return scored, out
 
 
 def test_the_test_row_is_what_evaluate_split_test_says_with_a_tuned_threshold(tmp_path, capsys):
@@ -135,10 +136,12 @@ def test_the_test_row_is_what_evaluate_split_test_says_with_a_tuned_threshold(tm
     test = write_rare(tmp_path / "test.csv", 300, 1)
     table = write_rare(tmp_path / "train.csv", 400, 0)
     run = table_run(tmp_path, f"data.path={table}", f"data.test_path={test}")
-    scored = assert_test_row_is_evaluate_split_test(
+    scored, out = assert_test_row_is_evaluate_split_test(
         tmp_path, capsys, [*run, "task.threshold=auto", "train.epochs=3"]
     )
     assert 0 < scored["recall/yes"] < 1 and "auroc" in scored
+    positives = checkpoint.load(tmp_path / "runs/default/best.pt")["data"]["tuned"]["positives"]
+    assert f"threshold tuned on the validation split's positives: {positives}\n" in out
 
 
 def test_evaluate_data_scores_any_labelled_table_with_the_checkpoints_columns(tmp_path, capsys):

@@ -62,6 +62,11 @@ def summary(
     if progress.metrics:
         values = " | ".join(f"{k} {_fmt(v)}" for k, v in flatten(progress.metrics).items())
         lines.append(f"  final val: {values}")
+    positives = meta.get("tuned", {}).get("positives")
+    if positives is not None:  # the same split each epoch: the same count
+        counts = positives if isinstance(positives, list) else [positives]
+        many = f"{min(counts)} to {max(counts)} per label" if len(counts) > 1 else counts[0]
+        lines.append(f"  threshold tuned on the validation split's positives: {many}")
     if test is not None:
         values = " | ".join(f"{k} {_fmt(v)}" for k, v in test[0].items())
         lines.append(f"  test ({test[1]}, data never trained on nor used to choose it): {values}")
@@ -122,8 +127,8 @@ def _predict_input(cfg: Config, meta: dict) -> list[str]:
         prompt = "".join(c for c in vocab if c.isalpha())[:1] or vocab[0]
         return ["--prompt", prompt, "--tokens", "200"]
     # <<< text
-    if cfg.data.name == "csv":
-        return [getattr(opts, "val_path", "") or opts.path]
+    if cfg.data.name == "csv":  # the table furthest from training: test, then validation
+        return [meta.get("test", {}).get("path") or getattr(opts, "val_path", "") or opts.path]
     if cfg.data.name == "tensors":
         root = Path(opts.root)
         return [str(root / "val.pt" if (root / "val.pt").is_file() else root / "train.pt")]

@@ -260,12 +260,18 @@ def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resu
     schedule's plan; a warning when train.warmup_steps outlasts the run."""
     params = sum(p.numel() for p in trainee.model.parameters())
     plan = trainee.scheduler.lr_lambdas[0]  # optim.WarmupCosine: a resumed run's own plan too
+    # Training drops each epoch's ragged last batch (ranks step together; BatchNorm refuses
+    # a batch of one): say how much, since on a small table it is a large share.
+    samples, read = len(data.train_set), len(data.train_loader) * cfg.train.batch_size
+    dropped = max(samples - read * dist.world_size, 0)
+    drops = f" | drops {dropped} of {samples} samples an epoch (its last partial batch)"
     print(
         f"run {cfg.run.name}: {cfg.model.name} {human_count(params)} params | {device} x "
         f"{dist.world_size} | CPU threads {threads}{busy_note(threads)} | amp {cfg.train.amp} | "
         f"effective batch {data.effective_batch} | lr {trainee.lr:.2e} | "
         f"{data.steps_per_epoch} steps/epoch | warm-up {plan.warmup} of {plan.total} steps"
         + (f" | resumed at step {resumed_at}" if resumed_at is not None else "")
+        + (drops if dropped else "")
     )
     if resumed_at is None and (warning := warmup_warning(cfg.train, plan.total)):
         print(warning)

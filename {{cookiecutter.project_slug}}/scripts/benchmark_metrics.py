@@ -8,10 +8,10 @@ exact AUROC, average precision and tuned threshold. # feature: !multilabel
     python scripts/benchmark_metrics.py --rows 20000 --steps 10 --json
 
 Three cases: the default config (the CNN on synthetic images, 10 classes), an MLP on a # feature: multilabel
-table of --rows rows, 10 % positives (two classes: the ranking metrics too), and an MLP on a table # feature: multilabel
+table of --rows rows, 10 % positives (two classes: ranking metrics too), and an MLP on a table # feature: multilabel
 of --rows rows with 8 tags (multi-label, thresholds tuned), as training builds them # feature: multilabel
 Two cases: the default config (the CNN on synthetic images, 10 classes) and an MLP on a # feature: !multilabel
-table of --rows rows, 10 % positives (two classes: the ranking metrics too), as training builds them # feature: !multilabel
+table of --rows rows, 10 % positives (two classes: ranking metrics too), as training builds them # feature: !multilabel
 (trainer.build_loaders). The epoch's time is --steps timed optimizer steps
 (after two warm-up steps) times the steps of an epoch. The metrics' cost is the time of the
 task's sums over the whole validation split, combined as validation does (validation.Totals),

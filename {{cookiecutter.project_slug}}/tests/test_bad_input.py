@@ -181,6 +181,7 @@ BEFORE_WRITING = {
         tensor_files({"x": X, "y": Y}, {"x": X, "y": Y.float()}),
         "val.pt': y is torch.float32 of sample shape (), but torch.int64",
     ),
+    # >>> text
     "val tokens beyond train's": (
         tensor_files(
             {"x": torch.randint(8, (64, 6)), "y": torch.randint(8, (64, 6))},
@@ -188,6 +189,13 @@ BEFORE_WRITING = {
         ),
         "val.pt': it holds token 8, but train.pt has tokens 0..7 only",
     ),
+    # <<< text
+    # >>> !text
+    "token ids without the text option": (
+        tensor_files({"x": torch.randint(8, (64, 6)), "y": torch.randint(8, (64, 6))}),
+        "token ids in and out (int64 x, y of one shape) needs the template option text",
+    ),
+    # <<< !text
     "one-hot labels": (
         tensor_files({"x": X, "y": torch.nn.functional.one_hot(Y)}),
         "y.argmax(1) for one-hot rows",

@@ -6,7 +6,7 @@ metrics picks best.pt."""
 from __future__ import annotations
 
 import csv
-import json
+import json  # feature: export
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,7 +20,7 @@ from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
-from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
 from {{ cookiecutter.package_name }}.tools.predict import predict
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils.metrics import flatten
@@ -130,7 +130,8 @@ def imbalanced_table(path, n: int = 800) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.slow  # trains, evaluates, predicts, exports
+@pytest.mark.slow  # trains, evaluates, predicts, exports  # feature: export
+@pytest.mark.slow  # trains, evaluates, predicts  # feature: !export
 def test_an_imbalanced_table_trains_by_macro_f1_and_every_tool_uses_its_threshold(
     tmp_path, tiny, capsys
 ):
@@ -173,9 +174,11 @@ def test_an_imbalanced_table_trains_by_macro_f1_and_every_tool_uses_its_threshol
     assert any(float(r["prob_yes"]) < 0.5 and r["prediction"] == "yes" for r in rows) or any(
         float(r["prob_yes"]) >= 0.5 and r["prediction"] == "no" for r in rows
     )  # the tuned threshold, not 0.5, decided
+    # >>> export
     assert export_main(["--checkpoint", str(run / "best.pt"), "--format", "export"]) == 0
     exported = json.loads((run / "best.pt2.json").read_text())
     assert exported["threshold"] == threshold and exported["classes"] == ["no", "yes"]
+    # <<< export
     # A resume that changes the class weights is refused; the run's files stay as they were.
     capsys.readouterr()
     with pytest.raises(ConfigError, match="task.class_weights=none differs"):

@@ -2,12 +2,13 @@
 parts, pos_weight (none, auto, a list, a mapping) reaches the loss, the thresholds are tuned
 per label on validation and used by evaluate and predict; a table's labels are read from
 several 0/1 columns or one joined column, tensor files' from a 0/1 float y; and a run
-trains, evaluates, predicts and exports with the sigmoid inside the artifact."""
+trains, evaluates and predicts."""  # feature: !export
+trains, evaluates, predicts and exports with the sigmoid inside the artifact."""  # feature: export
 
 from __future__ import annotations
 
 import csv
-import json
+import json  # feature: export
 import warnings
 
 import numpy as np
@@ -21,7 +22,7 @@ from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
-from {{ cookiecutter.package_name }}.tools.export import export_main
+from {{ cookiecutter.package_name }}.tools.export import export_main  # feature: export
 from {{ cookiecutter.package_name }}.tools.predict import predict
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils.metrics import flatten
@@ -275,7 +276,8 @@ def test_tensor_files_with_0_1_float_targets_train_and_other_values_are_refused(
         fit(load_config(None, [*args, "run.name=other"]))
 
 
-@pytest.mark.slow  # trains, evaluates, predicts, exports
+@pytest.mark.slow  # trains, evaluates, predicts, exports  # feature: export
+@pytest.mark.slow  # trains, evaluates, predicts  # feature: !export
 def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, tiny, capsys):
     table = tmp_path / "tags.csv"
     tags_table(table, n=600)
@@ -312,6 +314,7 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
             n for n, d in zip(("blue", "green", "red"), decided, strict=True) if d
         )
     assert done["accuracy"] == pytest.approx(evaluated["exact_match"])  # the same decisions
+    # >>> export
     assert export_main(["--checkpoint", str(run / "best.pt"), "--format", "export"]) == 0
     exported = json.loads((run / "best.pt2.json").read_text())
     assert exported["output"]["labels"] == ["blue", "green", "red"]
@@ -327,12 +330,14 @@ def test_a_multilabel_table_trains_and_every_tool_uses_its_thresholds(tmp_path, 
         first = list(csv.DictReader(f))[:8]
     want = [float(r[f"prob_{n}"]) for r in first for n in ("blue", "green", "red")]
     assert probabilities.flatten().tolist() == pytest.approx(want, abs=1e-5)
+    # <<< export
     capsys.readouterr()
     with pytest.raises(ConfigError, match="task.pos_weight=none differs"):
         fit(load_config(None, [*args, "train.epochs=5", "train.resume=auto",
                                "task.pos_weight=none"]))  # fmt: skip
 
 
+# >>> images
 def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_path, tiny):
     from test_image_folder import write_images
 
@@ -360,3 +365,4 @@ def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_p
     (tmp_path / "labels.csv").write_text("file,labels\na/000.png,cat\na/999.png,dog\n")
     with pytest.raises(ConfigError, match="names '.*999.png', which does not exist"):
         fit(load_config(None, [*args, "run.name=other"]))
+# <<< images

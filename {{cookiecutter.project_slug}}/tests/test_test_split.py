@@ -1,4 +1,5 @@
-"""The held-out test split (data.test_path, an image folder's test/), evaluate.py --split test
+"""The held-out test split (data.test_path, an image folder's test/), evaluate.py --split test # feature: images
+"""The held-out test split (data.test_path), evaluate.py --split test # feature: !images
 and --data FILE, and the documentation's rule on validation splits other than the checkpoint's."""
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import documentation
-from PIL import Image
+from PIL import Image  # feature: images
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: text
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
 from {{ cookiecutter.package_name }}.trainer import fit
 
@@ -200,14 +201,17 @@ def test_checkpoints_from_before_the_test_split_still_evaluate(tmp_path, capsys)
     assert scored["count"] == 30
 
 
+# >>> images
 def write_images(folder: Path, count: int, seed: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     for i in range(count):
         pixels = torch.randint(256, (8, 8, 3), generator=g, dtype=torch.uint8)
         Image.fromarray(pixels.numpy()).save(folder / f"{i:03d}.png")
+# <<< images
 
 
+# >>> images
 def test_an_image_folders_test_subfolder_is_held_out_and_not_a_class(tmp_path, capsys):
     root = tmp_path / "images"
     for k, name in enumerate(("cat", "dog")):
@@ -231,8 +235,10 @@ def test_an_image_folders_test_subfolder_is_held_out_and_not_a_class(tmp_path, c
         capsys, "--checkpoint", str(tmp_path / "runs/default/best.pt"), "--split", "test"
     )
     assert scored["count"] == 6
+# <<< images
 
 
+# >>> text
 def test_a_test_text_is_read_with_the_training_vocabulary(tmp_path, capsys):
     text = "the cat sat on the mat. " * 40
     (tmp_path / "train.txt").write_text(text)
@@ -260,3 +266,4 @@ def test_a_test_text_is_read_with_the_training_vocabulary(tmp_path, capsys):
     (tmp_path / "new.txt").write_text("a dog on a log. " * 10)  # d, g: not in training
     with pytest.raises(ConfigError, match="the character 'd', which the training text"):
         fit(load_config(None, [*args, f"data.test_path={tmp_path / 'new.txt'}", "run.name=x"]))
+# <<< text

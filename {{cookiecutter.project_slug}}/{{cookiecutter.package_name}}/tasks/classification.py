@@ -166,16 +166,14 @@ class Classification:
             confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
         else:
             scores, targets = rows[:, 0], rows[:, 1].long()
+            ranked = ranking.rank(scores, targets)
             if self.tune:  # on this split; evaluate.py and the test split score with it frozen
-                self.threshold = ranking.best_threshold(scores, targets)[0]
-                positives = int(targets.sum())
+                self.threshold, positives = ranked.threshold, int(targets.sum())
                 self.meta["tuned"] = {"threshold": self.threshold, "positives": positives}
                 self.note = ranking.tuning_note("task.threshold", [positives])
             cells = torch.bincount(targets * 2 + self.positive(scores), minlength=4)
             confusion = cells.to(torch.float64).view(2, 2)
-            metrics["auroc"] = ranking.auroc(scores, targets)
-            metrics["ap"] = ranking.average_precision(scores, targets)
-            metrics["threshold"] = self.threshold
+            metrics |= {"auroc": ranked.auroc, "ap": ranked.ap, "threshold": self.threshold}
         metrics |= from_confusion(confusion)
         order = ["loss", *self.metrics, "threshold"]  # as the console and summary show them
         return {**{m: metrics[m] for m in order if m in metrics}, "count": int(count)}

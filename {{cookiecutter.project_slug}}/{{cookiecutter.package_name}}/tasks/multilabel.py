@@ -125,9 +125,9 @@ class MultiLabel:
         count, k = sums["count"], self.num_outputs
         rows = sums["scores"]
         scores, truth = rows[:, :k], rows[:, k:].long()
+        ranked = [ranking.rank(scores[:, i], truth[:, i]) for i in range(k)]  # a sort a label
         if self.tune:  # each label's F1-best threshold on this split
-            tuned = (ranking.best_threshold(scores[:, i], truth[:, i]) for i in range(k))
-            self.thresholds = [threshold for threshold, _ in tuned]
+            self.thresholds = [r.threshold for r in ranked]
             positives = truth.sum(0).tolist()
             self.meta["tuned"] = {"thresholds": self.thresholds, "positives": positives}
             self.note = ranking.tuning_note("task.threshold", positives)
@@ -137,7 +137,7 @@ class MultiLabel:
             for m in (predicted & actual, predicted & ~actual, ~predicted & actual)
         )
         f1 = 2 * tp / (2 * tp + fp + fn).clamp(min=1)
-        ap = [ranking.average_precision(scores[:, i], truth[:, i]) for i in range(k)]
+        ap = [r.ap for r in ranked]
         exact = (predicted == actual).all(1).sum().item()  # every label of a sample right
         micro = 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()).clamp(min=1)
         return {

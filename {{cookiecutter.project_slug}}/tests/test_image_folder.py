@@ -22,6 +22,7 @@ from {{ cookiecutter.package_name }}.data import (
     set_epoch,
     source_of,
 )
+from {{ cookiecutter.package_name }}.data.image_decode import decode
 from {{ cookiecutter.package_name }}.data.image_folder import ImageFolder
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.trainer import fit
@@ -138,6 +139,60 @@ def test_an_undecodable_image_is_named_in_one_line_even_from_a_loader_worker(tmp
         f"error: image file '{bad}' cannot be decoded (not an image format Pillow reads); "
         "remove or replace it"
     ]
+
+
+def modes_of(rgb: np.ndarray) -> dict:
+    """The same picture in the modes Pillow reads, each with what it must decode to: the
+    8-bit grey (or RGB) values / 255, never 16-bit values clipped at 255 (all white)."""
+    grey = Image.fromarray(rgb).convert("L")
+    g = np.asarray(grey)
+    as_grey = np.repeat(g[:, :, None] / 255.0, 3, axis=2)
+    rgba = Image.fromarray(rgb).convert("RGBA")
+    rgba.putalpha(Image.fromarray((np.arange(g.size) % 256).astype(np.uint8).reshape(g.shape)))
+    palette = Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    palette.info["transparency"] = 0
+    bits = grey.convert("1")
+    cmyk = Image.fromarray(rgb).convert("CMYK")
+    return {
+        "L": (grey, as_grey),
+        "I;16": (Image.fromarray(g.astype(np.uint16) * 257), as_grey),  # a 16-bit PNG
+        "I": (Image.fromarray(g.astype(np.int32) * 257, mode="I"), as_grey),
+        "F": (Image.fromarray((g / 255.0).astype(np.float32), mode="F"), as_grey),
+        "RGBA": (rgba, rgb / 255.0),  # alpha dropped, as torchvision and timm read it
+        "LA": (grey.convert("LA"), as_grey),
+        "P": (palette, np.asarray(palette.convert("RGB")) / 255.0),
+        "1": (bits, np.repeat(np.asarray(bits.convert("L"))[:, :, None] / 255.0, 3, axis=2)),
+        "CMYK": (cmyk, np.asarray(cmyk.convert("RGB")) / 255.0),
+    }
+
+
+@pytest.mark.parametrize("mode", ["L", "I;16", "I", "F", "RGBA", "LA", "P", "1", "CMYK"])
+def test_every_image_mode_decodes_to_its_own_values_in_0_1(tmp_path, mode):
+    g = torch.Generator().manual_seed(0)
+    rgb = torch.randint(0, 256, (12, 12, 3), generator=g, dtype=torch.uint8).numpy()
+    image, want = modes_of(rgb)[mode]
+    path = tmp_path / ("x.tif" if mode in ("I", "F", "CMYK") else "x.png")
+    image.save(path)
+    with Image.open(path) as saved:
+        assert saved.mode == mode or (mode, saved.mode) in {("I;16", "I"), ("I", "I;16")}
+    got = decode(path, 12)  # its own size: no resampling, so exact
+    assert got.shape == (3, 12, 12)
+    assert torch.allclose(got, torch.from_numpy(want).permute(2, 0, 1).float(), atol=1e-6)
+
+
+def test_a_16_bit_image_resized_keeps_its_values_and_out_of_range_ones_are_refused(tmp_path):
+    ramp = np.tile(np.linspace(0, 255, 32).astype(np.uint8), (32, 1))
+    Image.fromarray(ramp).save(tmp_path / "8.png")
+    Image.fromarray(ramp.astype(np.uint16) * 257).save(tmp_path / "16.png")
+    eight, sixteen = decode(tmp_path / "8.png", 8, 0.875), decode(tmp_path / "16.png", 8, 0.875)
+    assert (eight - sixteen).abs().max() < 1 / 255 and 0.3 < sixteen.mean() < 0.7
+    for mode, values in (
+        ("I", np.full((4, 4), -5, np.int32)),
+        ("F", np.full((4, 4), 2.0, np.float32)),
+    ):
+        Image.fromarray(values, mode=mode).save(tmp_path / f"{mode}.tif")
+        with pytest.raises(ConfigError, match=r"(I|F)\.tif' \(mode \1\) holds values (-5|2) to"):
+            decode(tmp_path / f"{mode}.tif", 4)
 
 
 def test_augmentation_is_random_in_training_only_and_repeats_with_the_seed(tmp_path):

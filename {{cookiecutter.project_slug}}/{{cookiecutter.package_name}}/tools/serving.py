@@ -118,7 +118,8 @@ def input_units(meta: dict) -> str:
             resize = f"short side resized to {short}, centre {size}x{size} cut out"
         return (
             f"RGB images, channels first, {resize} ({how or 'bilinear'}) and scaled to [0, 1] "
-            f"by the caller (resizing is not in the artifact); the normalisation (mean "
+            f"by the caller (8-bit values / 255, 16-bit / 65535; resizing is not in the "
+            f"artifact); the normalisation (mean "
             f"{meta['mean']}, std {meta['std']}) is inside the artifact"
         )
     # <<< images

@@ -30,6 +30,11 @@ def read_file(
     if path.resolve() in seen:
         raise ConfigError(f"config file {name!r} extends itself in a loop")
     raw = path.read_bytes()
+    if len(raw) > MAX_BYTES:  # before parsing: PyYAML reads ~60 KB of values a second
+        raise ConfigError(
+            f"config file {name!r} is {len(raw) / 2**20:.1f} MB, over the {MAX_BYTES // 1024} KB "
+            "a config may be; a config holds settings (a few KB): put data in data files"
+        )
     if b"\0" in raw:
         raise ConfigError(f"config file {name!r} is binary, not YAML text; pass a .yaml file")
     try:
@@ -82,20 +87,37 @@ def parse_value(item: str, raw: str) -> Any:
 # bomb (billion laughs: 9 aliases of 9 aliases of ...) fits a billion in 500 bytes, and
 # whatever walks the result (merging, checking, printing it in a message) would take hours.
 MAX_NODES = 100_000
+MAX_BYTES = 256 * 1024  # a config file's size: the demo configs are under 2 KB
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader, but a mapping's keys are the text written: `{no: 1, yes: 9}` has
+    the keys "no" and "yes", not False and True (YAML 1.1's booleans), and `{0: 1}` the key
+    "0". Every mapping of a config is keyed by names: sections, options, classes, labels."""
+
+    def construct_mapping(self, node, deep=False):
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag in _NAMES:
+                key.tag = "tag:yaml.org,2002:str"
+        return super().construct_mapping(node, deep)
+
+
+_NAMES = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float", "null")}
 
 
 def load_yaml(text: str, what: str) -> Any:
     """yaml.safe_load, but a document that expands to more than MAX_NODES nodes through
     anchors and aliases (&a / *a) is refused before it is built."""
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         if _expanded_size(node, {}) > MAX_NODES:
             raise ConfigError(
-                f"{what} expands to over {MAX_NODES:,} values through its aliases (*name); "
-                "write the values out instead of repeating anchors (&name)"
+                f"{what} holds over {MAX_NODES:,} values (an alias *name counts as the values "
+                "it repeats); a config holds settings: put data in data files, and write "
+                "values out instead of repeating anchors (&name)"
             )
         twice = _repeated_key(node)
         if twice:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json  # feature: export
+import re
 import warnings
 
 import numpy as np
@@ -236,15 +237,28 @@ def test_a_joined_column_and_0_1_columns_read_as_the_same_targets(tmp_path, tiny
     [
         (lambda t: t.replace(",1\n", ",maybe\n", 1), "[red,green,blue]", "holds 'maybe'"),
         (lambda t: t, "[red,green,nope]", "has no column 'nope'"),
+        # A blank 0/1 cell was read as 0, while 'maybe' was refused.
+        (lambda t: t.replace(",1\n", ",\n", 1), "[red,green,blue]", "holds an empty cell"),
+        # Columns named with the separator: the prediction column could not be read back.
+        (lambda t: t.replace("red,", "red|ish,", 1), "[red|ish,green,blue]", "'red|ish' holds"),
+        # One joined column whose names hold predict.py's "|" under another separator.
+        (lambda t: t, "tags", "' holds '|', which joins labels"),
     ],
 )
 def test_bad_label_columns_are_one_line(tmp_path, tiny, edit, label, message):
     table = tmp_path / "t.csv"
-    tags_table(table, columns=True)
+    tags_table(table, columns=label != "tags")
     table.write_text(edit(table.read_text()))
-    with pytest.raises(ConfigError, match=message):
-        fit(load_config(None, csv_args(tiny, table, f"data.label={label}")))
+    sep = ["data.label_sep=;"] if label == "tags" else []
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        fit(load_config(None, csv_args(tiny, table, f"data.label={label}", *sep)))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_blank_label_separator_is_refused_by_the_config():
+    for blank in ("' '", "|"):  # a bare | is YAML's block marker: the empty string
+        with pytest.raises(ConfigError, match="data.label_sep must be one or more characters"):
+            load_config(None, ["data.name=csv", f"data.label_sep={blank}"])
 
 
 def test_a_label_the_training_table_lacks_and_a_list_for_one_class_are_refused(tmp_path, tiny):
@@ -364,5 +378,9 @@ def test_an_image_folder_with_a_labels_file_trains_multilabel_and_predicts(tmp_p
     assert all(row["label"] == "" for row in rows)  # a folder name says nothing of labels
     (tmp_path / "labels.csv").write_text("file,labels\na/000.png,cat\na/999.png,dog\n")
     with pytest.raises(ConfigError, match="names '.*999.png', which does not exist"):
+        fit(load_config(None, [*args, "run.name=other"]))
+    # An image listed twice, even with other labels, was read as two samples.
+    (tmp_path / "labels.csv").write_text("file,labels\na/000.png,cat\na/001.png,\na/000.png,dog\n")
+    with pytest.raises(ConfigError, match=r"lists '.*000.png' twice \(lines 2 and 4\)"):
         fit(load_config(None, [*args, "run.name=other"]))
 # <<< images

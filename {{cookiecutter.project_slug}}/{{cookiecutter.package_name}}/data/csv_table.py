@@ -61,6 +61,12 @@ class Options:
     # <<< !multilabel
     normalize: bool = True  # standardise features with the training rows' mean and std
 
+    # >>> multilabel
+    def checks(self):
+        rule = "one or more characters, not blank (quote YAML's marks: data.label_sep='|')"
+        return [("label_sep", bool(self.label_sep.strip()), rule)]
+    # <<< multilabel
+
 
 class CSVTable(InMemoryDataset):
     Options = Options

@@ -86,6 +86,7 @@ class Options:
             ("crop_pct", 0 <= self.crop_pct <= 1, "in (0, 1], or 0 (auto)"),
             ("mean", mean is not None, "3 comma-separated numbers (R,G,B) or one number"),
             ("std", std is not None and min(std) > 0, "3 numbers > 0 (R,G,B) or one"),
+            ("label_sep", bool(self.label_sep.strip()), "one or more characters"),  # feature: multilabel
         ]
 
 

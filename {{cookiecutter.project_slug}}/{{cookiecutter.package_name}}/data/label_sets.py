@@ -14,17 +14,26 @@ import torch
 from ..errors import ConfigError
 from .targets import sorted_names
 
-_TRUE, _FALSE = ("1", "1.0", "true", "yes"), ("0", "0.0", "false", "no", "")
+_TRUE, _FALSE = ("1", "1.0", "true", "yes"), ("0", "0.0", "false", "no")
 
 
 def label_names(labels: list, opts) -> list[str]:
     """The labels of a multi-label table: its 0/1 columns' names, or the sorted names found
-    in its one label column (joined by data.label_sep)."""
+    in its one label column (joined by data.label_sep). A name holding the separator, or
+    the `|` that predictions join labels with, is refused: `a|b` would read as two labels."""
     if not isinstance(opts.label, str):
-        return list(opts.label)
-    return sorted_names(
-        n.strip() for text in labels for n in text.split(opts.label_sep) if n.strip()
-    )
+        names = list(opts.label)
+    else:
+        names = sorted_names(
+            n.strip() for text in labels for n in text.split(opts.label_sep) if n.strip()
+        )
+    joins = next((n for n in names if opts.label_sep in n or "|" in n), None)
+    if joins is not None:
+        raise ConfigError(
+            f"the label {joins[:40]!r} holds {'|' if '|' in joins else opts.label_sep!r}, which "
+            "joins labels (data.label_sep, and predict.py's prediction column); rename it"
+        )
+    return names
 
 
 def label_matrix(labels: list, names: list[str], path: Path, opts) -> torch.Tensor:
@@ -34,9 +43,10 @@ def label_matrix(labels: list, names: list[str], path: Path, opts) -> torch.Tens
         for line, values in enumerate(labels, start=2):
             bad = next((v for v in values if v.lower() not in _TRUE + _FALSE), None)
             if bad is not None:
+                what = "an empty cell" if not bad else repr(bad[:40])
                 raise ConfigError(
-                    f"CSV file {str(path)!r} line {line}: a label column holds {bad[:40]!r}; "
-                    "multi-label columns hold 1/0 (or true/false, yes/no)"
+                    f"CSV file {str(path)!r} line {line}: a label column holds {what}; "
+                    "multi-label columns hold 1/0 (or true/false, yes/no) in every row"
                 )
             rows.append([float(v.lower() in _TRUE) for v in values])
     else:
@@ -94,6 +104,14 @@ def image_labels(root: Path, table: Path, sep: str) -> tuple[list[Path], torch.T
     if not rows or not {"file", "labels"} <= set(rows[0]):
         raise ConfigError(f"{name} needs a header 'file,labels' and one row per image")
     files = [root / row["file"].strip() for row in rows]
+    seen = {}
+    for line, path in enumerate(files, start=2):
+        if path in seen:  # its two rows may give other labels: which holds is not known
+            raise ConfigError(
+                f"{name} lists {str(path)!r} twice (lines {seen[path]} and {line}); give each "
+                "image one row, its labels joined by data.label_sep"
+            )
+        seen[path] = line
     missing = next((path for path in files if not path.is_file()), None)
     if missing is not None:
         raise ConfigError(f"{name} names {str(missing)!r}, which does not exist; fix the row")

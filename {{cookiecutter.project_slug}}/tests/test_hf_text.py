@@ -212,6 +212,11 @@ def test_a_folder_of_class_folders_of_text_files_trains(bert, tmp_path):
     assert meta["classes"] == ["billing", "login", "shipping"] and result["step"] > 0
 
 
+class Payload:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -220,6 +225,11 @@ def test_a_folder_of_class_folders_of_text_files_trains(bert, tmp_path):
         ("tokenizer", r"tokenizer '.*' cannot be read \(.*\); give a folder holding tokenizer"),
         ("offline", r"could not be read .*; without the network, set model.arch \(or data"),
         ("not_hf", r"data.tokenizer=auto takes the model's tokenizer, but model.name is not hf"),
+        # The model's folder without its tokenizer files: transformers built a WordPiece of
+        # the special tokens from config.json, and every word trained as [UNK].
+        ("no_tokenizer_files", r"holds only special tokens \(\d+\), so every word would read"),
+        ("pickled_bin", r"hold pickled Python objects, which weights_only loading refuses"),
+        ("damaged_safetensors", r"is not a Hugging Face model this machine can read"),
         (
             "too_long",
             r"data.max_length=512 is beyond what tokenizer '.*' and its model take \(128\)",
@@ -243,6 +253,15 @@ def test_bad_text_input_is_one_line_and_writes_nothing(bert, tmp_path, change, m
         extra = ["data.max_length=512"]
     elif change == "offline":
         extra = ["model.arch=prajjwal1/bert-tiny"]
+    elif change == "no_tokenizer_files":
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            (folder / name).unlink(missing_ok=True)
+    elif change == "pickled_bin":  # GLOBAL posix.system: loading it would run a command
+        (folder / "model.safetensors").unlink()
+        torch.save({"x": Payload()}, folder / "pytorch_model.bin")
+    elif change == "damaged_safetensors":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[: len(data) // 3])
     args = hf_args(table, folder, tmp_path, *extra)
     if change == "not_hf":  # a text table without model.name=hf: no tokenizer to take
         args = [a for a in args if not a.startswith("model.arch")] + ["model.name=mlp"]

@@ -195,6 +195,26 @@ def test_a_16_bit_image_resized_keeps_its_values_and_out_of_range_ones_are_refus
             decode(tmp_path / f"{mode}.tif", 4)
 
 
+@pytest.mark.parametrize("size, free_gb", [(100_000, None), (3000, 4.0)])
+def test_an_image_size_whose_batches_do_not_fit_in_memory_is_one_line(
+    tmp_path, monkeypatch, size, free_gb
+):
+    """data.image_size=3000 ran until the OOM killer ended it, having taken all 23 GB."""
+    from {{ cookiecutter.package_name }} import data
+
+    if free_gb is not None:  # the same rule on a machine with 4 GB free, as a small one has
+        monkeypatch.setattr(data, "free_memory", lambda: int(free_gb * 2**30))
+    write_images(tmp_path / "img" / "a", 4)
+    write_images(tmp_path / "img" / "b", 4, seed=1)
+    args = ["data.name=image_folder", f"data.root={tmp_path / 'img'}", f"data.image_size={size}",
+            "train.batch_size=16", "data.num_workers=1", f"run.output_dir={tmp_path / 'runs'}",
+            "run.device=cpu"]  # fmt: skip
+    line = r"a batch of 16 inputs takes [\d.]+ GB decoded \([\d.]+ GB with the 1 loader "
+    with pytest.raises(ConfigError, match=line + r"workers' prefetch\), over half the [\d.]+ GB"):
+        fit(load_config(None, args))
+    assert not (tmp_path / "runs").exists()
+
+
 def test_augmentation_is_random_in_training_only_and_repeats_with_the_seed(tmp_path):
     for name in ("a", "b"):
         write_images(tmp_path / "train" / name, 2)

@@ -22,7 +22,7 @@ from test_image_folder import write_images
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data.image_decode import decode
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.errors import ConfigError, UserError
 from {{ cookiecutter.package_name }}.models import build_model, preprocessing
 from {{ cookiecutter.package_name }}.tools import export  # feature: export
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_main
@@ -189,6 +189,69 @@ def test_a_weights_file_with_code_or_without_tensors_is_refused(
     with pytest.raises(Exception, match=match):
         build_model(cfg, images(), 3)
     assert "pickled code ran" not in capsys.readouterr().out
+
+
+def test_a_timm_file_missing_a_backbone_tensor_is_refused_naming_it(tmp_path):
+    """timm loads non-strictly where it drops the classifier: the file missing one backbone
+    tensor was 'loaded' and that layer trained from random init."""
+    net = library_weights("timm", TIMM_ARCH, tmp_path / "w.pth")
+    state = net.state_dict()
+    dropped = next(k for k in state if k.endswith("conv2.weight"))
+    del state[dropped]
+    torch.save(state, tmp_path / "w.pth")
+    timm_cfg = ("model.name=timm", f"model.arch={TIMM_ARCH}")
+    with pytest.raises(ConfigError, match=f"tensor '{dropped}' is missing \\(1 missing"):
+        build_model(model_cfg(*timm_cfg, f"model.weights={tmp_path / 'w.pth'}"), images(), 3)
+    library_weights("timm", TIMM_ARCH, tmp_path / "ok.pth")
+    whole = build_model(model_cfg(*timm_cfg, f"model.weights={tmp_path / 'ok.pth'}"), images(), 3)
+    own = [k for k in whole.net.state_dict() if not k.startswith("fc.")]
+    assert whole.weights_note.startswith(f"timm {TIMM_ARCH}: loaded {len(own)} tensors")
+
+
+@pytest.mark.parametrize("library", ["torchvision", "timm"])
+def test_damaged_or_non_finite_weights_files_are_one_line(library, tmp_path):
+    arch = TV_ARCH if library == "torchvision" else TIMM_ARCH
+    good = library_weights(library, arch, tmp_path / "w.pth").state_dict()
+    safetensors = pytest.importorskip("safetensors.torch")
+    safetensors.save_file({k: v.contiguous() for k, v in good.items()}, tmp_path / "w.safetensors")
+    data = (tmp_path / "w.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    (tmp_path / "head.safetensors").write_bytes(data[:6])
+    nan = {k: v.float() * torch.nan if v.is_floating_point() else v for k, v in good.items()}
+    torch.save(nan, tmp_path / "nan.pth")
+    for name, match in [
+        ("cut.safetensors", "cannot be read as safetensors"),
+        ("head.safetensors", "cannot be read as safetensors"),
+        ("nan.pth", "holds nan or inf values"),
+    ]:
+        weights = f"model.weights={tmp_path / name}"
+        cfg = model_cfg(f"model.name={library}", f"model.arch={arch}", weights)
+        with pytest.raises(UserError, match=match):
+            build_model(cfg, images(), 3)
+
+
+def test_a_timm_checkpoint_needs_nothing_but_itself_once_its_weights_file_is_gone(
+    tmp_path, tiny, capsys
+):
+    """evaluate, predict and resume refused a timm checkpoint whose model.weights had gone."""
+    write_images(tmp_path / "img" / "a", 8)
+    write_images(tmp_path / "img" / "b", 8, seed=1)
+    library_weights("timm", TIMM_ARCH, tmp_path / "w.pth")
+    args = [
+        "data.name=image_folder", f"data.root={tmp_path / 'img'}", "data.val_fraction=0.25",
+        "data.image_size=32", "model.name=timm", f"model.arch={TIMM_ARCH}",
+        f"model.weights={tmp_path / 'w.pth'}", "train.batch_size=4", "train.max_steps=2",
+        "train.warmup_steps=1", "run.device=cpu", "run.loggers=[csv]",
+        f"run.output_dir={tmp_path / 'runs'}",
+    ]  # fmt: skip
+    fit(load_config(None, args))
+    (tmp_path / "w.pth").unlink()
+    last = tmp_path / "runs" / "default" / "last.pt"
+    capsys.readouterr()
+    assert evaluate_main(["--checkpoint", str(last)]) == 0, capsys.readouterr().err
+    assert predict_main(["--checkpoint", str(last), str(tmp_path / "img" / "a")]) == 0
+    resumed = fit(load_config(None, [*args, "train.max_steps=3", "train.resume=auto"]))
+    assert resumed["step"] == 3
 
 
 @pytest.mark.parametrize("library, arch", [("torchvision", "vit_b_16"), ("timm", "test_vit3")])

@@ -193,8 +193,20 @@ def init_from(model: nn.Module, path: str) -> list[str]:
         raise CheckpointError(
             f"train.init_from={path!r}: no tensor fits this model ({_mismatches(own, weights)})"
         )
+    refuse_nonfinite(fits, f"train.init_from={path!r}")
     model.load_state_dict(fits, strict=False)
     return sorted(set(own) - set(fits))
+
+
+def refuse_nonfinite(weights: dict, source: str) -> None:
+    """One line naming the first floating tensor of `weights` holding nan or inf: a model
+    started from it computes nan, first seen deep inside a loss or a metric."""
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise CheckpointError(
+                f"{source}: tensor {name!r} holds nan or inf values; the file is damaged or "
+                "was saved from a run that diverged: use another file"
+            )
 
 
 def _mismatches(own: dict, theirs: dict) -> str:

@@ -197,6 +197,10 @@ class ImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
+    def sample_bytes(self) -> int:
+        """Memory one decoded sample takes: float32 (3, size, size), and the decode's copy."""
+        return 2 * 3 * self.size * self.size * 4
+
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         # (index, seed) from the training loader: the augmentation depends on the seed alone.
         i, seed = item if isinstance(item, tuple) else (item, None)

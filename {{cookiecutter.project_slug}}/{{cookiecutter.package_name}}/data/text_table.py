@@ -184,6 +184,13 @@ def tokenizer_spec(source: str, max_length: int) -> dict:
         ) from None
     if not tok.is_fast:
         raise ConfigError(f"tokenizer {source!r} has no fast (tokenizer.json) version")
+    words = set(tok.get_vocab()) - set(tok.all_special_tokens)
+    if not words:  # transformers builds one from a model's config alone: every word [UNK]
+        raise ConfigError(
+            f"tokenizer {source!r} holds only special tokens ({len(tok.get_vocab())}), so every "
+            "word would read as unknown; give a folder holding the model's tokenizer files "
+            "(tokenizer.json, from save_pretrained of the tokenizer too)"
+        )
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if pad is None:
         raise ConfigError(f"tokenizer {source!r} has neither a pad nor an end token to pad with")

@@ -37,6 +37,9 @@ the preprocessing come from the checkpoint. Install: pip install -e '.[hf]'.
 
 from __future__ import annotations
 
+import importlib
+import pickle
+
 from torch import Tensor, nn
 
 from ..errors import ConfigError, first_line
@@ -59,7 +62,13 @@ def load(auto: str, opts: Options, num_outputs: int) -> tuple[nn.Module, str]:
             net = make.from_pretrained(source, config=config, ignore_mismatched_sizes=True)
         else:
             net = make.from_config(config)
-    except (OSError, ValueError) as exc:
+    except pickle.UnpicklingError:  # a pytorch_model.bin holding code: weights_only refused it
+        raise ConfigError(
+            f"the weights in {source!r} hold pickled Python objects, which weights_only loading "
+            "refuses (they can run code); use its model.safetensors, or re-save it with "
+            "save_pretrained if you trust its source"
+        ) from None
+    except (OSError, ValueError, *_safetensors_error()) as exc:  # damaged files: ValueError
         raise ConfigError(_unreadable(source, exc)) from None
     head = [f"{n}.{k}" for n in HEADS if hasattr(net, n) for k in getattr(net, n).state_dict()]
     note = f"hf {source}: random init (model.pretrained=false)"
@@ -136,6 +145,14 @@ class HFImage(HF):
             "mean": list(proc.image_mean),
             "std": list(proc.image_std),
         }
+
+
+def _safetensors_error() -> tuple:
+    """safetensors' SafetensorError (a damaged header or body), where safetensors is there."""
+    try:
+        return (importlib.import_module("safetensors").SafetensorError,)
+    except (ImportError, AttributeError):
+        return ()
 
 
 def _unreadable(source: str, exc: BaseException) -> str:

@@ -71,6 +71,7 @@ def read_weights(path: str) -> dict:
     """A state dict from a local file: .safetensors, or a torch file read with weights_only
     (tensors and plain containers only: a file carrying pickled code is refused)."""
     from ..checkpoint import files
+    from ..checkpoint.state import refuse_nonfinite
 
     file = Path(path)
     if not file.is_file():
@@ -79,7 +80,13 @@ def read_weights(path: str) -> dict:
             "the library's download and cache"
         )
     if file.suffix == ".safetensors":
-        state = importlib.import_module("safetensors.torch").load_file(str(file))
+        try:
+            state = importlib.import_module("safetensors.torch").load_file(str(file))
+        except Exception as exc:  # SafetensorError (a damaged header or body), OSError
+            raise ConfigError(
+                f"model.weights={path!r} cannot be read as safetensors ({first_line(exc, 80)}); "
+                "the file is damaged or not safetensors: download or save it again"
+            ) from None
     else:
         state = files.load(file)
     state = (
@@ -89,6 +96,7 @@ def read_weights(path: str) -> dict:
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
     ):
         raise ConfigError(f"model.weights={path!r} is not a state dict (names to tensors)")
+    refuse_nonfinite(state, f"model.weights={path!r}")
     return state
 
 
@@ -181,24 +189,26 @@ class Timm(Zoo):
         super().__init__()
         timm = require("timm")
         check_arch("timm", opts.arch, timm.list_models())
-        overlay = {"file": str(Path(opts.weights).resolve())} if opts.weights else None
-        if opts.weights:
-            read_weights(opts.weights)  # refused with one line: missing, pickled code, no dict
+        local = opts.pretrained and opts.weights  # a rebuilt model (architecture()) reads none
+        overlay = {"file": str(Path(opts.weights).resolve())} if local else None
+        state = read_weights(opts.weights) if local else None  # one line: missing, code, ...
         build = dict(num_classes=num_outputs, in_chans=input_shape[0])
         try:
             self.net = timm.create_model(
                 opts.arch, pretrained=opts.pretrained, pretrained_cfg_overlay=overlay, **build
             )
         except RuntimeError as exc:  # a file of another architecture (load_state_dict)
-            if not opts.weights:
+            if not local:
                 raise ConfigError(offline(f"timm's {opts.arch} weights", exc)) from None
             net = timm.create_model(opts.arch, pretrained=False, **build)
-            load_matching(net, read_weights(opts.weights), self._head_of(net), opts.weights)
+            load_matching(net, state, self._head_of(net), opts.weights)
             raise  # load_matching names the misfit; anything else is timm's own error
         except OSError as exc:
             raise ConfigError(offline(f"timm's {opts.arch} weights", exc)) from None
         head = self._head_of(self.net)
         loaded = len(self.net.state_dict()) - len(head)
+        if local:  # timm loads non-strictly where the head's size differs: check it here
+            loaded = _strict_but_head(self.net.state_dict(), state, head, opts.weights)
         source = opts.weights or "timm's hub cache"
         self.weights_note = f"timm {opts.arch}: random init (model.pretrained=false)"
         if opts.pretrained:
@@ -227,6 +237,24 @@ class Timm(Zoo):
             "mean": list(cfg.mean),
             "std": list(cfg.std),
         }
+
+
+def _strict_but_head(own: dict, state: dict, head: set[str], source: str) -> int:
+    """How many of the model's tensors came from `state`; refuses, naming the first, a
+    tensor of the model (but its head and BatchNorm's step counters) that `state` lacks, or
+    one of `state` that the model lacks: timm loads a file non-strictly when it drops the
+    classifier, so a file missing a backbone tensor would train it from random init."""
+    counters = ".num_batches_tracked"
+    missing = [k for k in own if k not in head and k not in state and not k.endswith(counters)]
+    extra = [k for k in state if k not in own and k not in head]
+    if missing or extra:
+        which, name = ("is missing", missing[0]) if missing else ("is not in the model", extra[0])
+        raise ConfigError(
+            f"model.weights={source!r} does not fit model.arch: tensor {name!r} {which} "
+            f"({len(missing)} missing, {len(extra)} unexpected); give the weights of this "
+            "architecture"
+        )
+    return sum(1 for k in own if k not in head and k in state)
 
 
 def _mismatched(net: nn.Module, state: dict) -> set[str]:

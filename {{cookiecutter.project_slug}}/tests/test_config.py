@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import json  # feature: !fsdp|!text|!pretrained|!multilabel
-import re  # feature: pretrained
+import json  # feature: !fsdp|!text|!pretrained|!multilabel|!trackers
+import re
 from pathlib import Path
 
 import pytest
-import torch  # feature: !fsdp|!text|!pretrained|!multilabel
+import torch  # feature: !fsdp|!text|!pretrained|!multilabel|!trackers
 import yaml
 from conftest import CONFIGS, ROOT, missing_data_file
 
-from {{ cookiecutter.package_name }} import checkpoint  # feature: !fsdp|!text|!pretrained|!multilabel
+from {{ cookiecutter.package_name }} import checkpoint  # feature: !fsdp|!text|!pretrained|!multilabel|!trackers
 from {{ cookiecutter.package_name }}.config import Config, flatten, from_dict, load_config, to_dict
 from {{ cookiecutter.package_name }}.data import build_datasets, example_inputs
 # >>> text
 # >>> pretrained
 # >>> multilabel
+# >>> trackers
 from {{ cookiecutter.package_name }}.errors import ConfigError  # feature: fsdp
+# <<< trackers
 # <<< multilabel
 # <<< pretrained
 # <<< text
-from {{ cookiecutter.package_name }}.errors import LEFT_OUT, UNUSED, CheckpointError, ConfigError  # feature: !fsdp|!text|!pretrained|!multilabel
+from {{ cookiecutter.package_name }}.errors import LEFT_OUT, UNUSED, CheckpointError, ConfigError  # feature: !fsdp|!text|!pretrained|!multilabel|!trackers
 from {{ cookiecutter.package_name }}.models import MODELS, architecture, build_model  # feature: pretrained
 from {{ cookiecutter.package_name }}.models import build_model  # feature: !pretrained
 from {{ cookiecutter.package_name }}.models.zoo import Zoo  # feature: pretrained
@@ -376,7 +378,7 @@ def test_bad_loggers_name_the_item_and_the_closest_choice(value, messages):
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"run.loggers={value}"])
     assert all(message in str(err.value) for message in messages), str(err.value)
-# >>> !fsdp|!text|!pretrained|!multilabel
+# >>> !fsdp|!text|!pretrained|!multilabel|!trackers
 
 
 def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_path):
@@ -400,4 +402,22 @@ def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_pat
         message = str(caught.value)
         assert f"needs the template option {option}, which this project was" in message, key
         assert message.endswith(command), message
-# <<< !fsdp|!text|!pretrained|!multilabel
+
+
+def test_resuming_a_fuller_project_s_run_names_the_option_it_needs():
+    """A lean project resuming a full one's multi-label run said "drop the override" of a
+    task.name nobody had given."""
+    from {{ cookiecutter.package_name }}.checkpoint.resume import changes
+
+    cfg = load_config(None, [])
+    for key, option in LEFT_OUT.items():
+        section, _, rest = key.partition(".")
+        name, is_value, value = rest.partition("=")
+        if not is_value:
+            continue
+        saved = to_dict(cfg)
+        saved[section][name] = value
+        needs = f"the checkpoint's {key} needs the template option {option}"
+        with pytest.raises(ConfigError, match=re.escape(needs)):
+            changes({"config": saved}, cfg)
+# <<< !fsdp|!text|!pretrained|!multilabel|!trackers

@@ -230,6 +230,8 @@ class Payload:
         ("no_tokenizer_files", r"holds only special tokens \(\d+\), so every word would read"),
         ("pickled_bin", r"hold pickled Python objects, which weights_only loading refuses"),
         ("damaged_safetensors", r"is not a Hugging Face model this machine can read"),
+        # A .pth as model.weights used to be blamed on the tokenizer.
+        ("pth_weights", r"model.weights='.*w.pth' is a file; model.name=hf reads a folder"),
         (
             "too_long",
             r"data.max_length=512 is beyond what tokenizer '.*' and its model take \(128\)",
@@ -259,6 +261,9 @@ def test_bad_text_input_is_one_line_and_writes_nothing(bert, tmp_path, change, m
     elif change == "pickled_bin":  # GLOBAL posix.system: loading it would run a command
         (folder / "model.safetensors").unlink()
         torch.save({"x": Payload()}, folder / "pytorch_model.bin")
+    elif change == "pth_weights":
+        torch.save({"x": torch.zeros(1)}, tmp_path / "w.pth")
+        extra = [f"model.weights={tmp_path / 'w.pth'}"]
     elif change == "damaged_safetensors":
         data = (folder / "model.safetensors").read_bytes()
         (folder / "model.safetensors").write_bytes(data[: len(data) // 3])

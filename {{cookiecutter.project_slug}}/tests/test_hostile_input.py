@@ -39,6 +39,16 @@ def test_an_alias_bomb_in_an_override_is_refused(tiny, capsys):
     assert "an alias *name counts as the values it repeats" in err
 
 
+def test_a_config_path_that_is_no_regular_file_is_named_as_such(tmp_path, tiny, capsys):
+    """--config /dev/zero and a FIFO were "not found"."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    for path in ("/dev/zero", str(tmp_path / "fifo"), str(tmp_path)):
+        code, err = train([*tiny, "--config", path], capsys)
+        assert_one_line(code, err, f"config file {path!r} is not a regular file")
+
+
 def test_a_config_file_too_large_is_refused_by_its_size_before_parsing(tmp_path, tiny, capsys):
     """A 24 MB list did not finish in 200 s; a 28 MB mapping was refused after a minute for
     aliases it did not have."""

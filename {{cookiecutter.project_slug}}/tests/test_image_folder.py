@@ -74,7 +74,8 @@ def test_train_and_val_folders_are_the_split_when_present(tmp_path):
         ({"a": 2, "b": 0}, "image folder '{root}/b' holds no images (.bmp, .jpeg,"),
         (
             {"train/a": 2, "train/b": 2, "val/c": 1},
-            "image folder '{root}/val/c' is a class the training folder '{root}/train' lacks",
+            "image folder '{root}/val/c' is a class the model was not trained on (its classes: "
+            "a, b)",
         ),
         ({"train/a": 2, "train/b": 2}, "image folder '{root}/train' has no val/ folder beside it"),
     ],

@@ -69,6 +69,7 @@ LEFT_OUT |= {f"model.name={name}": "pretrained" for name in ("timm", "torchvisio
 LEFT_OUT |= dict.fromkeys(("model.name=hf", "data.name=text_table"), "pretrained")  # feature: text
 # <<< !pretrained
 LEFT_OUT |= {"data.name=image_folder": "images"}  # feature: !images
+LEFT_OUT |= {f"run.loggers={name}": "trackers" for name in ("wandb", "mlflow")}  # feature: !trackers
 # >>> !multilabel
 LEFT_OUT |= dict.fromkeys(("task.name=multilabel", "data.labels", "data.label_sep"), "multilabel")
 UNUSED |= {"data.labels": "", "data.label_sep": "|"}  # an image folder's, a CSV table's

@@ -9,7 +9,7 @@ from .. import distributed, finetune
 from ..config import Config, flatten, to_dict
 from ..data import set_epoch
 from ..distributed import DistInfo
-from ..errors import CheckpointError, ConfigError, UserError
+from ..errors import LEFT_OUT, CheckpointError, ConfigError, UserError, left_out
 from . import files
 from .run_folder import RunFolder
 from .state import Progress
@@ -77,10 +77,13 @@ def changes(state: dict, cfg: Config) -> list[str]:
     for key, value in new.items():
         if key in NOT_SETTINGS or key not in old or old[key] == value:
             continue
+        if f"{key}={old[key]}" in LEFT_OUT:  # a fuller project's run: name what it needs
+            raise ConfigError(left_out(f"{key}={old[key]}", f"the checkpoint's {key}={old[key]}"))
         if key in FIXED:
             raise ConfigError(
                 f"{key}={value} differs from the checkpoint's {old[key]}; a resumed run keeps "
-                f"it: drop the override, or start a new run (run.name=<new name>)"
+                f"it: set {key}={old[key]} (as the run's config.yaml does), or start a new "
+                "run (run.name=<new name>)"
             )
         out.append(f"{key} {old[key]} -> {value}")
     check_finetune_terms(state, cfg)
@@ -94,10 +97,11 @@ def check_finetune_terms(state: dict, cfg: Config) -> None:
     keys = ("freeze_epochs", "backbone_lr_ratio", "bn_frozen")
     before = dataclasses.replace(cfg.train, **{k: saved[k] for k in keys if k in saved})
     if finetune.used(before) != finetune.used(cfg.train):
-        now = "sets head and backbone apart" if finetune.used(cfg.train) else "does not"
+        now, then = ("sets", "did not") if finetune.used(cfg.train) else ("does not set", "did")
         raise ConfigError(
-            f"train.freeze_epochs/backbone_lr_ratio/bn_frozen: this run {now}, its checkpoint "
-            "the other way; drop the override, or start a new run from its weights "
+            f"this run {now} head and backbone apart (train.freeze_epochs, backbone_lr_ratio, "
+            f"bn_frozen) and the run it resumes {then}, which a resume cannot change: keep "
+            "the checkpoint's values (its config.yaml), or start a new run from its weights "
             "(run.name=<new name> train.init_from=<its checkpoint>)"
         )
 

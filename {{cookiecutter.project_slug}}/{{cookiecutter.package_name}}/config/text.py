@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -25,8 +26,10 @@ def read_file(
     """Read a YAML config; `extends: other.yaml` (relative to this file) is read first and
     `merge(parent, this)` lays this file over it."""
     name = str(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {name!r} not found (check {named_by})")
+    if not path.is_file():  # /dev/zero, a FIFO, a folder: reading would block or never end
+        raise ConfigError(f"config file {name!r} is not a regular file; give a .yaml file")
     if path.resolve() in seen:
         raise ConfigError(f"config file {name!r} extends itself in a loop")
     raw = path.read_bytes()
@@ -199,8 +202,9 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
             value = next((c for c in _BOOL_WORDS[value] if c in choices), value)
         if value in choices:
             return value
-        if f"{key}={value}" in LEFT_OUT:  # a value of a project generated with more options
-            raise ConfigError(left_out(f"{key}={value}"))
+        listed = re.sub(r"\[\d+\]$", "", key)  # run.loggers[1] is a value of run.loggers
+        if f"{listed}={value}" in LEFT_OUT:  # a value of a project generated with more options
+            raise ConfigError(left_out(f"{listed}={value}", f"{key}={value}"))
         guess = closest(value, choices) if isinstance(value, str) else None
         tip = f" (did you mean '{guess}'?)" if guess else ""
         raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}{tip}")

@@ -255,8 +255,8 @@ def find_images(folder: Path, classes: list[str], must_have_all: bool, skip: str
     extra = [name for name in present if name not in classes]
     if extra:
         raise ConfigError(
-            f"image folder {str(folder / extra[0])!r} is a class the training folder "
-            f"{str(folder.parent / 'train')!r} lacks; val classes must be training classes"
+            f"image folder {str(folder / extra[0])!r} is a class the model was not trained "
+            f"on (its classes: {', '.join(classes)}); held-out classes must be training ones"
         )
     files, labels = [], []
     for label, name in enumerate(classes):

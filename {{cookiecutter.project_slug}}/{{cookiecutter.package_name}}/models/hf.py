@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+from pathlib import Path
 
 from torch import Tensor, nn
 
@@ -104,6 +105,11 @@ class HFText(HF):
     def preprocessing(opts: Options) -> dict:
         """The text data's tokenizer: the model's own (its folder or hub id)."""
         require("transformers", "hf")
+        if opts.weights and Path(opts.weights).is_file():  # a .pth: its tokenizer is not there
+            raise ConfigError(
+                f"model.weights={opts.weights!r} is a file; model.name=hf reads a folder that "
+                "save_pretrained wrote (config.json, the weights and the tokenizer files)"
+            )
         return {"tokenizer": opts.weights or opts.arch}
 # <<< text
 

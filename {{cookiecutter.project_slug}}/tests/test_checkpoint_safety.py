@@ -116,6 +116,34 @@ def test_any_other_global_in_an_index_is_refused(tmp_path, module, name):
         shard_reader.read_index(tmp_path)
 
 
+def test_an_index_cannot_rewrite_the_classes_or_functions_it_may_name(tmp_path):
+    """pickle's BUILD sets state on whatever is below it: a real index with a few bytes put
+    in was read as valid, and afterwards every PurePosixPath named the attacker's file; one
+    that was refused still poisoned _get_layout's cache. Both gadgets of the review."""
+    save_shards(tmp_path / "shards", {"model": {"w": torch.ones(2)}})
+    genuine = (tmp_path / "shards/.metadata").read_bytes()
+    assert genuine[:2] == b"\x80\x04"  # PROTO 4; what follows is the real index
+    target = str(tmp_path / "attacker")
+    path_gadget = (  # (PurePosixPath, (None, {"_str": target})) BUILD, then POP
+        b"cpathlib\nPurePosixPath\nN}X\x04\x00\x00\x00_str"
+        + b"X" + len(target).to_bytes(4, "little") + target.encode()
+        + b"s\x86b0"
+    )  # fmt: skip
+    layout_gadget = (  # _get_layout.__dict__.update({"cache": {"torch.strided": float32}})
+        b"ctorch.serialization\n_get_layout\n}(Vcache\n}(Vtorch.strided\nctorch\nfloat32\nuub"
+    )
+    before = getattr(torch.serialization._get_layout, "cache", None)
+    for gadget, refused in [(path_gadget, "PurePosixPath"), (layout_gadget, "_get_layout")]:
+        (tmp_path / "shards/.metadata").write_bytes(genuine[:2] + gadget + genuine[2:])
+        with pytest.raises(CheckpointError, match=f"\\(state set on \\w+ {refused}\\)"):
+            shard_reader.read_index(tmp_path / "shards")
+    assert str(Path("a/b")) == "a/b" and str(Path.home() / "x") != target
+    assert getattr(torch.serialization._get_layout, "cache", None) == before
+    (tmp_path / "shards/.metadata").write_bytes(genuine)
+    index = shard_reader.read_index(tmp_path / "shards")  # the genuine one still reads
+    assert index.state_dict_metadata["model.w"].properties.layout == torch.strided
+
+
 def test_a_shard_index_that_holds_code_is_refused_by_load_and_consolidate(hostile, capsys):
     path, marker = hostile
     index = str(path.with_suffix(".dcp") / ".metadata")

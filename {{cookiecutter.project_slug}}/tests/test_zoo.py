@@ -170,6 +170,18 @@ class Payload:
         return (print, ("pickled code ran",))
 
 
+def test_a_hub_cache_file_holding_code_is_refused_and_never_run(tmp_path, capsys):
+    """torchvision's weights from the hub cache were unpickled with weights_only=False (the
+    hub's default), while the docs tell offline users to copy that cache in."""
+    weights = torchvision.models.get_model_weights(TV_ARCH).DEFAULT
+    cache = tmp_path / "torch_home/hub/checkpoints"
+    cache.mkdir(parents=True)
+    torch.save({"conv1.0.weight": Payload()}, cache / weights.url.rsplit("/", 1)[1])
+    with pytest.raises(ConfigError, match="hub cache .* hold pickled Python objects"):
+        build_model(model_cfg("model.name=torchvision", f"model.arch={TV_ARCH}"), images(), 3)
+    assert "pickled code ran" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("library", ["torchvision", "timm"])
 @pytest.mark.parametrize(
     "content, match",

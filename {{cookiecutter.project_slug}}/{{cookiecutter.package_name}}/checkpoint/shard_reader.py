@@ -3,15 +3,21 @@
 DCP pickles the folder's index (.metadata) and the entries that are not tensors (the
 optimizer's hyperparameters), and torch 2.6-2.13 read both back with plain pickle: a file whose
 object reduces to os.system runs its command on load. Here the index is read by an unpickler
-that builds only the classes DCP's index is made of, and those entries with
-torch.load(weights_only=True), as DCP already reads the tensors. Anything else is refused with
-a CheckpointError naming the file.
+that finds only the classes DCP's index is made of, and sets state (pickle's BUILD) only on
+new instances of DCP's index dataclasses: BUILD on anything else (a class or function it was
+allowed to find, an enum member, a layout: objects the whole process shares) would rewrite
+them for the process, so a crafted index could make every Path name another file. The
+entries are read with torch.load(weights_only=True), as DCP already reads the tensors.
+Anything else is refused with a CheckpointError naming the file. (torch's own weights-only
+unpickler, which restricts BUILD the same way, cannot read the index: DCP pickles it with
+protocol 4, whose FRAME opcode that unpickler refuses.)
 
 This module imports DCP at the top: import it inside the functions that read a shard folder.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import pathlib
 import pickle
@@ -61,7 +67,25 @@ class _Refused(pickle.UnpicklingError):
     """A global the index may not hold; its message is the global's name."""
 
 
-class _IndexUnpickler(pickle.Unpickler):
+# The index's own dataclasses: the only objects whose state the index may set (BUILD).
+_BUILT = {
+    getattr(importlib.import_module(module), name)
+    for module, name in ALLOWED
+    if module.startswith(_DCP) and not name.startswith("_MEM")
+}
+
+
+class _IndexUnpickler(pickle._Unpickler):  # the Python one: its BUILD can be checked
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def load_build(self):
+        target = self.stack[-2]  # BUILD pops the state; the object is below it
+        if type(target) not in _BUILT:
+            raise _Refused(f"state set on {type(target).__name__} {_name(target)}")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
+
     def find_class(self, module: str, name: str):
         if (module, name) in ALLOWED:
             return super().find_class(module, name)
@@ -71,6 +95,10 @@ class _IndexUnpickler(pickle.Unpickler):
         if module.split(".")[0] == "pathlib" and name in _PATHS:
             return _PATHS[name]
         raise _Refused(f"{module}.{name}")
+
+
+def _name(target) -> str:
+    return getattr(target, "__qualname__", None) or type(target).__qualname__
 
 
 def read_index(folder: Path | str, name: str = ".metadata") -> Metadata:

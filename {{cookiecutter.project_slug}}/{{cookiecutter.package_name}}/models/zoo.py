@@ -23,6 +23,7 @@ The libraries are extras: pip install -e '.[vision]' (timm needs torchvision too
 from __future__ import annotations
 
 import importlib
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +164,15 @@ class Torchvision(Zoo):
             return read_weights(opts.weights), opts.weights
         weights = models.get_model_weights(opts.arch).DEFAULT
         try:  # from $TORCH_HOME/hub/checkpoints/ when there, else downloaded into it
-            return weights.get_state_dict(progress=False, check_hash=False), weights.url
+            # weights_only: hub's default unpickles anything, and a cache is often copied in
+            state = weights.get_state_dict(progress=False, check_hash=False, weights_only=True)
+            return state, weights.url
+        except pickle.UnpicklingError:
+            raise ConfigError(
+                f"torchvision's {opts.arch} weights in the hub cache ($TORCH_HOME/hub/"
+                "checkpoints) hold pickled Python objects, which weights_only loading refuses "
+                "(they can run code); delete that file, or give model.weights a file you trust"
+            ) from None
         except OSError as exc:
             raise ConfigError(offline(f"torchvision's {opts.arch} weights", exc)) from None
 

@@ -599,6 +599,15 @@ def test_a_non_finite_loss_under_fsdp_stops_and_keeps_the_last_good_checkpoint(t
     assert checkpoint.load(run_dir / "last.pt")["progress"]["step"] == 2
 
 
+def test_under_fsdp_with_bf16_a_frozen_backbone_unfreezes_and_trains(tiny):
+    """FSDP2 fixed each group's mixed-precision dtypes at the first forward, from the
+    parameters trainable then: at the unfreeze, bf16 gradients met fp32 shards and the run
+    stopped (RuntimeError: attempting to assign a gradient with dtype BFloat16)."""
+    args = [*tiny, "train.strategy=fsdp", "train.amp=bf16", "train.freeze_epochs=1"]
+    result = fit(load_config(None, [*args, "train.epochs=2"]))
+    assert (result["epoch"], result["step"]) == (2, 32) and result["stopped"] is None
+
+
 @pytest.mark.slow
 def test_a_full_ddp_checkpoint_does_not_resume_under_fsdp(tiny):
     fit(load_config(None, [*tiny, "train.max_steps=1"]))

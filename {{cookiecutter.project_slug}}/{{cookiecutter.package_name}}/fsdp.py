@@ -223,6 +223,21 @@ def start_up_report(before: dict[str, float], device: torch.device) -> str:
 
 
 @contextlib.contextmanager
+def trainable_changed(model: nn.Module) -> None:
+    """After parameters were frozen or unfrozen (train.freeze_epochs): FSDP2 resolves each
+    parameter group's mixed-precision dtypes once, at the first forward, from the parameters
+    trainable then, so a group frozen at that time reduces its later gradients in bf16 and
+    fails to assign them to fp32 shards (pytorch/pytorch#186998, fixed upstream by #187376).
+    Resolve them again from the parameters trainable now (idempotent: the first forward
+    resolves them again itself)."""
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state is not None else None
+        resolve = getattr(group, "_init_mp_dtypes", None)  # torch's own, private: guarded
+        if resolve is not None:
+            resolve()
+
+
 def no_gradient_sync(net: nn.Module):
     """parallel.no_sync() of a sharded model (an FSDPModule)."""
     net.set_requires_gradient_sync(False)

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .activation_checkpointing import checkpoint_blocks
 from .config import TrainConfig
 from .errors import ConfigError
-from .fsdp import is_dtensor, is_sharded, no_gradient_sync  # feature: fsdp
+from .fsdp import is_dtensor, is_sharded, no_gradient_sync, trainable_changed  # feature: fsdp
 
 
 def replica(model: nn.Module, train: TrainConfig, device: torch.device, ranks: int) -> nn.Module:
@@ -42,6 +42,7 @@ def wrap(model: nn.Module, train: TrainConfig, ranks: int, device: torch.device)
     # >>> fsdp
     if is_sharded(model):  # fsdp syncs its shards itself: nothing to wrap
         ranks = 1
+        trainable_changed(model)  # its mixed-precision dtypes follow requires_grad
     # <<< fsdp
     if ranks > 1:
         ddp = DistributedDataParallel(model, device_ids=ids)

@@ -1,9 +1,10 @@
 """Finish the new project: drop unused files, first git commit, environment, smoke test.
 
 The environment and the smoke test are the job of the project's own scripts/create_env.py,
-the same code that `make env` runs; this hook calls it with this interpreter. Nothing here
+the same code that `make env` runs; this hook calls it with this interpreter. No set-up step
 fails the generation: a failed step is reported with its log and the command to retry, and
-the project is kept.
+the project is kept. A template error in applying the features (a mark it cannot read) fails
+it with one line, and cookiecutter removes the half-made project.
 
 A regeneration over an existing project (`--overwrite-if-exists`) keeps what the user has: a
 git repository the project is already in gets no init and no commit, and an existing .venv or
@@ -310,19 +311,80 @@ def templated(name: str) -> str:
     return "{" * 2 + "cookiecutter." + name + "}" * 2
 
 
+def template_dir(answers: dict, environ=os.environ) -> Path | None:
+    """The template's folder, or None where it is not known. cookiecutter records it as the
+    user gave it (`_repo_dir`: `.` for `cookiecutter .`) and runs this hook inside the new
+    project, so a relative path is resolved against the folder cookiecutter was started in
+    (the shell's PWD, which the hook inherits), never against the project."""
+    given = answers.get("_repo_dir")
+    if not given:
+        return None
+    starts = [Path(given)] if Path(given).is_absolute() else []
+    starts += [Path(environ["PWD"]) / given] if environ.get("PWD") else []
+    for folder in starts:
+        baked = folder / templated("project_slug")
+        if baked.is_dir() and (folder / "cookiecutter.json").is_file():
+            return folder.resolve()
+    return None
+
+
 def template_files(answers: dict, project: Path) -> list[str] | None:
     """The files of `project` that the template wrote (relative, sorted), or None when the
     template folder is unknown. Only the package folder's name is templated."""
-    template = Path(answers.get("_repo_dir", "")) / templated("project_slug")
-    if "_repo_dir" not in answers or not template.is_dir():
+    folder = template_dir(answers)
+    if folder is None:
         return None
+    template = folder / templated("project_slug")
     package = templated("package_name")
     names = (
         p.relative_to(template).as_posix().replace(package, answers["package_name"])
         for p in template.rglob("*")
         if p.is_file()
     )
+    names = [*names, CRUFT_FILE]  # written by this hook (link_cruft) for the template
     return sorted(name for name in names if (project / name).is_file())
+
+
+CRUFT_FILE = ".cruft.json"
+LINK_LATER = (
+    'cruft link -y --extra-context "$(cat .cookiecutter.json)" <the template\'s git URL or '
+    "checkout>"
+)
+
+
+def link_cruft(answers: dict, project: Path) -> None:
+    """Write .cruft.json (what `cruft link` writes, with this project's own answers) so that
+    `cruft update` and `cruft check` work on a project plain cookiecutter made; where the
+    template is no git checkout, one line with the command that links it later."""
+    if (project / CRUFT_FILE).exists() or shutil.which("git") is None:  # linked; no git (said)
+        return
+    folder = template_dir(answers)
+    top = commit = None
+    if folder is not None:
+        top = git_output(folder, "rev-parse", "--show-toplevel")
+        commit = top and git_output(folder, "rev-parse", "HEAD")
+    if not commit:
+        say(f"  cruft: the template is no git checkout here: nothing linked (later: {LINK_LATER})")
+        return
+    inside = folder.relative_to(Path(top).resolve()).as_posix()
+    context = {k: v for k, v in answers.items() if not k.startswith("_")}
+    context |= {"_template": top, "_commit": commit}
+    state = {
+        "template": top,
+        "commit": commit,
+        "checkout": None,
+        "context": {"cookiecutter": context},
+        "directory": None if inside == "." else inside,
+    }
+    text = json.dumps(state, ensure_ascii=False, indent=2, separators=(",", ": ")) + "\n"
+    (project / CRUFT_FILE).write_text(text, encoding="utf-8")
+    say(f"  cruft: linked to {top} at {commit[:12]} (cruft update brings its changes)")
+
+
+def git_output(folder: Path, *args: str) -> str | None:
+    """git's output in `folder`, stripped; None where it fails."""
+    found = run_git(*args, project=folder)
+    return found.stdout.strip() or None if found.returncode == 0 else None
 
 
 def commit_template_files(answers: dict, project: Path, files: list[str]) -> str | None:
@@ -403,7 +465,23 @@ def setup_environment(answers: dict, project: Path) -> bool:
 
 def main() -> int:
     project = Path.cwd()
-    remove_unused_files(ANSWERS, project)
+    try:  # the template's own step: an error here is the template's, and fails the bake
+        remove_unused_files(ANSWERS, project)
+    except Exception as err:
+        say(
+            f"cookiecutter-pytorch: the features could not be applied ({type(err).__name__}: "
+            f"{err}); nothing was kept: please report this against the template"
+        )
+        return 1
+    try:  # the set-up steps: a failure is reported and the project kept
+        return set_up(project)
+    except Exception as err:  # never let cookiecutter delete a generated project
+        say(f"cookiecutter-pytorch: setup stopped early ({type(err).__name__}: {err})")
+        return 0
+
+
+def set_up(project: Path) -> int:
+    """git, the environment and the smoke test, as the answers ask."""
     if skip_setup():
         say(f"cookiecutter-pytorch: {SKIP_ENV} is set: no git, environment or smoke test")
         return 0
@@ -413,7 +491,8 @@ def main() -> int:
     start = time.monotonic()
     say(f"cookiecutter-pytorch: setting up {project}")
     ok = True
-    if ANSWERS.get("init_git") == "yes":
+    if ANSWERS.get("init_git") == "yes":  # cruft updates a project through git
+        link_cruft(ANSWERS, project)
         ok = init_git(ANSWERS, project)
     ok = setup_environment(ANSWERS, project) and ok
     status = "ready" if ok else "project generated and kept, but setup had problems (above)"
@@ -425,8 +504,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception as err:  # never let cookiecutter delete a generated project
-        say(f"cookiecutter-pytorch: setup stopped early ({type(err).__name__}: {err})")
-        sys.exit(0)
+    sys.exit(main())

@@ -168,7 +168,19 @@ def test_cruft_update_brings_a_feature_in_and_takes_it_out(tmp_path, env, featur
     assert not any(path.exists() for path in own) and line not in shared.read_text()
     run(["git", "init", "-q"], project, env)
     commit_all(project, env, "generated")
+    round_trip(project, env, feature)
+
+
+def round_trip(project: Path, env: dict, feature: str) -> None:
+    """The user edits a shared file (marked for `feature`) and adds one; `cruft update`
+    brings the feature in, then takes it out: its files and lines come and go, the user's
+    edits and file stay, and .cruft.json says each answer."""
+    paths, shared_name, line = FEATURE_TRACES[feature]
+    own = [project / path for path in paths]
+    shared = project / shared_name
+    unmarked = project / "Makefile"
     shared.write_text(f"{USER_LINE}\n{shared.read_text()}")
+    unmarked.write_text(f"{unmarked.read_text()}{USER_LINE}\n")
     mine = project / "tests" / "test_mine.py"
     mine.write_text('"""Mine."""\n')
     commit_all(project, env, "my edits")
@@ -180,10 +192,57 @@ def test_cruft_update_brings_a_feature_in_and_takes_it_out(tmp_path, env, featur
         text = shared.read_text()
         assert text.startswith(USER_LINE) and (line in text) == (value == "yes")
         assert mine.read_text() == '"""Mine."""\n'
+        assert unmarked.read_text().endswith(f"{USER_LINE}\n")
         answers = json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]
         assert answers[feature] == value
         assert not list(project.rglob("*.rej")) and not list(project.rglob("*.orig"))
         commit_all(project, env, f"{feature}={value}")
+
+
+def test_the_readme_s_cookiecutter_command_makes_a_commit_and_a_project_cruft_updates(
+    tmp_path, env
+):
+    """The template README's command, `cookiecutter --no-input . --output-dir ..` in the
+    template's folder, committed nothing (the hook resolved `.` inside the new project); the
+    baked README's `cruft link` asked every question again with the template's defaults, and
+    the update that followed added nothing and said it had. Now the hook writes .cruft.json
+    with the project's own answers, and `cruft update` works on a project plain cookiecutter
+    made."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    pytest.importorskip("cruft")
+    template = template_repo(tmp_path / "t", env)  # its parent: where --output-dir .. writes
+    answers = " ".join(
+        f"{k}={v}" for k, v in {**FAST, "init_git": "yes", "preset": "lean"}.items()
+    )
+    command = f"cookiecutter --no-input . --output-dir .. {answers}"  # the README's, plus answers
+    out = run(
+        ["bash", "-c", command],
+        template,
+        {**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"},
+    )
+    project = template.parent / "my-pytorch-project"
+    assert "git init + first commit ... done" in out and "cruft: linked to" in out, out
+    log = run(["git", "log", "--format=%s"], project, env).splitlines()
+    assert log == ["Initial commit from cookiecutter-pytorch"]
+    assert run(["git", "status", "--porcelain"], project, env) == ""  # .cruft.json committed
+    state = json.loads((project / ".cruft.json").read_text())
+    assert Path(state["template"]) == template.resolve() and len(state["commit"]) == 40
+    assert state["context"]["cookiecutter"]["preset"] == "lean"
+    round_trip(project, env, "export")
+    run([*CRUFT, "check"], project, env)
+
+
+def test_a_template_that_is_no_git_checkout_says_how_to_link_later(tmp_path, env):
+    template = tmp_path / "plain"
+    copy_template(template)  # no .git
+    answers = [f"{k}={v}" for k, v in {**FAST, "init_git": "yes"}.items()]
+    bake = ["cookiecutter", "--no-input", str(template), "--output-dir", str(tmp_path)]
+    out = run([sys.executable, "-m", *bake, *answers], tmp_path, env)
+    assert (
+        'nothing linked (later: cruft link -y --extra-context "$(cat .cookiecutter.json)"' in out
+    )
+    assert not (tmp_path / "my-pytorch-project" / ".cruft.json").exists()
 
 
 # --- .cookiecutter.json: the answers, without the generating machine's paths ---

@@ -156,6 +156,26 @@ def test_a_broken_mark_is_an_error_naming_file_and_line(post, text, error):
     assert str(raised.value).startswith("Makefile")
 
 
+def test_a_broken_mark_fails_the_bake_in_one_line_and_keeps_nothing(tmp_path, capfd):
+    """The hook caught every exception: a mark error left a half-processed project, exit 0."""
+    from conftest import FAST, copy_template
+    from cookiecutter.exceptions import FailedHookException
+    from cookiecutter.main import cookiecutter
+
+    template = tmp_path / "template"
+    copy_template(template)
+    makefile = template / "{{cookiecutter.project_slug}}" / "Makefile"
+    makefile.write_text(makefile.read_text() + "x = 1  # feature: nope\n")
+    with pytest.raises(FailedHookException):
+        cookiecutter(
+            str(template), no_input=True, extra_context=FAST, output_dir=str(tmp_path / "out")
+        )
+    out = capfd.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("cookiecutter-pytorch:")]
+    assert len(lines) == 1 and "unknown feature 'nope'" in lines[0], out
+    assert "Makefile" in lines[0] and not any((tmp_path / "out").iterdir())
+
+
 def test_every_mark_in_the_template_is_well_formed(post):
     """Each file of the baked project parses under both values of every feature."""
     marked = 0

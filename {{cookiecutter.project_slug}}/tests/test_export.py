@@ -209,6 +209,17 @@ def test_a_model_the_format_cannot_export_names_the_construct(best, tmp_path, mo
 
 
 @pytest.mark.slow
+def test_export_takes_key_value_overrides_as_evaluate_does(best, tmp_path, capsys):
+    """export.py refused `run.threads=1` ("unrecognized arguments"), which train.py and
+    evaluate.py take: they reach the checkpoint's config (the data its parity inputs are
+    read from, a moved table's path), and a bad one is one line."""
+    assert run_export(best, "torchscript", tmp_path / "m.pt", "run.threads=1") == 0
+    capsys.readouterr()
+    assert run_export(best, "torchscript", tmp_path / "o.pt", "data.nope=1") == 2
+    assert "data.nope" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_without_the_data_parity_runs_on_random_inputs(best, tmp_path, monkeypatch):
     def no_data(trained, n):
         raise ConfigError("data file not found")

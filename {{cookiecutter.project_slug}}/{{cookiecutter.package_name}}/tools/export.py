@@ -51,7 +51,12 @@ SAMPLES = 64  # validation inputs the parity check runs
 
 
 def export(
-    checkpoint: str, fmt: str, out: str | None = None, atol: float = 1e-4, force: bool = False
+    checkpoint: str,
+    fmt: str,
+    out: str | None = None,
+    atol: float = 1e-4,
+    force: bool = False,
+    overrides: list[str] = (),
 ) -> dict:
     """Export, check parity, and only then put the artifact and its metadata JSON in place;
     returns that metadata. Raises ExportError (one line naming the construct and another
@@ -67,7 +72,7 @@ def export(
     earlier = is_export(path)
     for written in _written(path, fmt):
         outputs.check_out(written, [checkpoint], lambda _: earlier, force)
-    trained = load_trained(checkpoint)
+    trained = load_trained(checkpoint, overrides)
     model = serving_model(trained)
     x, source = _parity_inputs(trained, model)
     inputs = parity_inputs(model, x)  # inputs of variable length: at several lengths
@@ -248,8 +253,9 @@ def _decision(trained: Trained) -> dict:
 
 
 def export_main(argv: list[str] | None = None) -> int:
-    parser = cli.Parser(
-        description="Export a checkpoint's model, checked against the eager model."
+    parser = cli.make_parser(  # overrides as evaluate.py takes them: the model is the checkpoint's
+        "Export a checkpoint's model, checked against the eager model.",
+        example="data.path=<the table moved> (the parity check reads validation inputs)",
     )
     parser.add_argument("--checkpoint", required=True, help="a .pt file saved by training")
     parser.add_argument("--format", required=True, choices=["torchscript", "export", "onnx"])
@@ -260,11 +266,12 @@ def export_main(argv: list[str] | None = None) -> int:
     )
     cli.force_option(parser, "an earlier export")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest output difference")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     args = parser.parse_args(argv)
 
     def run() -> int:
-        meta = export(args.checkpoint, args.format, args.out, args.atol, args.force)
+        meta = export(
+            args.checkpoint, args.format, args.out, args.atol, args.force, args.overrides
+        )
         parity, where = meta["parity"], f"{Path(meta['checkpoint']).parent}/{meta['file']}"
         where = args.out or where
         if len(meta["files"]) > 1:  # ONNX over 2 GB: the weights are a second file

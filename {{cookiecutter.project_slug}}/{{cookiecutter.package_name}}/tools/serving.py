@@ -101,7 +101,40 @@ def contract(trained: Trained) -> dict:
         spec["positions"] = {"min": 1, "max": positions}
     if isinstance(trained.meta.get("features"), list):  # a table: its columns, for programs
         spec["columns"] = list(trained.meta["features"])
+    spec["preprocessing"] = image_steps(trained.meta)  # feature: images
     return {"input": {**spec, "units": input_units(trained.meta)}, "output": output_spec(trained)}
+
+
+# >>> images
+def image_steps(meta: dict) -> dict | None:
+    """What the caller does to an image file before the artifact, as numbers a program can
+    copy (data/image_decode.py's decode, step by step): a reimplementation from these alone
+    gives predict.py's inputs exactly. None for inputs that are not images."""
+    if "image_size" not in meta or "mean" not in meta:
+        return None
+    size, crop = meta["image_size"], meta.get("crop_pct")
+    steps = {
+        "decode": "Pillow; 8-bit modes convert('RGB') (alpha dropped); one-channel 16-bit "
+        "(I;16) and I: value / 65535, grey in 3 channels; F: as it is",
+        "interpolation": meta.get("interpolation") or "bilinear",  # Pillow's Resampling name
+        "scale": {"8-bit": 255, "16-bit": 65535},  # values / scale: floats in [0, 1]
+        "layout": "float32 (batch, 3, height, width), channels in RGB order",
+        "normalisation": "inside the artifact: (x - mean) / std per channel",
+        "mean": list(meta["mean"]),
+        "std": list(meta["std"]),
+    }
+    if crop is None:  # the whole image squashed to the square
+        return {**steps, "resize": {"width": size, "height": size}}
+    short = math.floor(size / crop + 1e-9)
+    return {
+        **steps,
+        # The short side to `short_side`, the long one to int(short_side * long / short),
+        # truncated (each at least `crop`), then the centre crop x crop box whose left and top
+        # are round((resized side - crop) / 2), Python's round: halves to even.
+        "resize": {"short_side": short, "long_side": "int(short_side * long / short)"},
+        "crop": {"size": size, "offset": "round((resized_side - size) / 2), halves to even"},
+    }
+# <<< images
 
 
 def input_units(meta: dict) -> str:

@@ -27,6 +27,7 @@ EXPECTED = {
     "LICENSE",
     "Makefile",
     "README.md",
+    "AGENTS.md",
     *(f"docs/{page}.md" for page in ("after-training", "checkpoints", "combinations", "data")),
     *(f"docs/{page}.md" for page in ("distributed", "extending", "layout", "logging")),
     *(f"docs/{page}.md" for page in ("reliability", "speed", "testing")),
@@ -556,6 +557,7 @@ def test_each_case_s_metadata_follows_its_answers(baked_cases, number):
 def test_every_path_named_by_readme_and_makefile_exists(bake):
     project = bake()
     pages = [project / "README.md", project / "Makefile", *(project / "docs").glob("*.md")]
+    pages.append(project / "AGENTS.md")
     text = "".join(page.read_text() for page in pages)
     named = set(
         re.findall(r"(?<![\w/.-])((?:scripts|configs|tests|data|checkpoints)/[\w./-]+\.\w+)", text)
@@ -585,7 +587,7 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
 def test_every_make_target_in_readme_exists(bake):
     project = bake()
     targets = set(re.findall(r"^([a-z-]+):", (project / "Makefile").read_text(), re.M))
-    pages = [project / "README.md", *(project / "docs").glob("*.md")]
+    pages = [project / "README.md", project / "AGENTS.md", *(project / "docs").glob("*.md")]
     used = set(re.findall(r"\bmake ([a-z][a-z-]*)", "".join(p.read_text() for p in pages)))
     assert used and used <= targets, used - targets
 

@@ -114,3 +114,21 @@ def test_baked_readme_quick_start_runs(bake):
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     assert (project / "checkpoints" / "default" / "best.pt").is_file()
     assert (project / "checkpoints" / "default" / "predictions.csv").is_file()
+
+
+@pytest.mark.slow
+def test_baked_agents_md_commands_run_as_written(bake):
+    """AGENTS.md's commands, as written, in a fresh bake; `make install` and `make test` are
+    left to the tests that install a baked project and run its suite."""
+    project = bake()
+    text = (project / "AGENTS.md").read_text()
+    block = re.search(r"## Commands\n+```bash\n(.*?)```", text, re.S).group(1)
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands[:2] == ["make install", "make test"] and "--show-config" in commands[-1]
+    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
+    for command in commands[2:]:
+        proc = subprocess.run(
+            command, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert (project / "checkpoints" / "default" / "best.pt").is_file()

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+# hypothesis keeps its example database and a cache of constants in .hypothesis/ of the folder
+# the tests run in: outside the project, so that the tests leave nothing in it.
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / f"hypothesis-{os.getuid()}")
+)
 
 # What needs torch >= 2.7 is refused below it, on the floor (2.6), with one line
 # (test_torch_floor.py), and the tests that run it skip.

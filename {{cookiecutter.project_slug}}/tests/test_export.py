@@ -177,7 +177,7 @@ def test_an_unwritable_out_is_named_not_blamed_on_the_model(
 def test_a_tolerance_that_is_not_one_is_refused_before_anything_runs(
     best, tmp_path, monkeypatch, capsys, atol
 ):
-    monkeypatch.setattr(export, "load_trained", lambda path: pytest.fail("it ran"))
+    monkeypatch.setattr(export, "load_trained", lambda *args: pytest.fail("it ran"))
     assert run_export(best, "torchscript", tmp_path / "m.pt", "--atol", atol) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --atol {float(atol)} is not a tolerance; give a number >= 0")
@@ -201,7 +201,7 @@ class ValueBranch(nn.Module):
 def test_a_model_the_format_cannot_export_names_the_construct(best, tmp_path, monkeypatch, capsys):
     trained = load_trained(best)
     trained.model = ValueBranch().eval()
-    monkeypatch.setattr(export, "load_trained", lambda path: trained)
+    monkeypatch.setattr(export, "load_trained", lambda *args: trained)
     assert run_export(best, "export", tmp_path / "m.pt2") == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "test_export.py" in err and "in forward" in err

@@ -201,10 +201,10 @@ def test_an_image_size_whose_batches_do_not_fit_in_memory_is_one_line(
     tmp_path, monkeypatch, size, free_gb
 ):
     """data.image_size=3000 ran until the OOM killer ended it, having taken all 23 GB."""
-    from {{ cookiecutter.package_name }} import data
+    from {{ cookiecutter.package_name }}.utils import device
 
     if free_gb is not None:  # the same rule on a machine with 4 GB free, as a small one has
-        monkeypatch.setattr(data, "free_memory", lambda: int(free_gb * 2**30))
+        monkeypatch.setattr(device, "free_memory", lambda: int(free_gb * 2**30))
     write_images(tmp_path / "img" / "a", 4)
     write_images(tmp_path / "img" / "b", 4, seed=1)
     args = ["data.name=image_folder", f"data.root={tmp_path / 'img'}", f"data.image_size={size}",

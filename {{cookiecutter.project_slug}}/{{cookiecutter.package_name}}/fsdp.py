@@ -222,7 +222,6 @@ def start_up_report(before: dict[str, float], device: torch.device) -> str:
     return f"start-up peak memory per rank (building and sharding the model): {'; '.join(parts)}"
 
 
-@contextlib.contextmanager
 def trainable_changed(model: nn.Module) -> None:
     """After parameters were frozen or unfrozen (train.freeze_epochs): FSDP2 resolves each
     parameter group's mixed-precision dtypes once, at the first forward, from the parameters
@@ -238,6 +237,7 @@ def trainable_changed(model: nn.Module) -> None:
             resolve()
 
 
+@contextlib.contextmanager
 def no_gradient_sync(net: nn.Module):
     """parallel.no_sync() of a sharded model (an FSDPModule)."""
     net.set_requires_gradient_sync(False)

@@ -21,7 +21,7 @@ from torch import nn
 from . import checkpoint, distributed, finetune, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config, to_dict
-from .data import build_datasets, build_loader, close_loader, example_batch, source_of
+from .data import build_datasets, build_loader, close_loader, drop_note, example_batch, source_of
 from .distributed import DistInfo
 from .errors import EXIT_STOPPED, ConfigError
 from .fsdp import even_batches, is_sharded, memory_report, shard  # feature: fsdp
@@ -60,9 +60,8 @@ def fit(cfg: Config) -> dict:
         dist, device = distributed.setup(cfg.run.device)  # feature: !fsdp
         return train(cfg, dist, device, stop)
     finally:
-        # Once train()'s frame is gone, so no DistributedDataParallel (whose gloo work holds
-        # Python objects) outlives the process group. The signal handlers stay until after
-        # it: a second SIGTERM during the final save or teardown is only noted.
+        # After train()'s frame is gone: no DDP (its gloo work holds Python objects) outlives
+        # the group. The signal handlers stay past it: a 2nd SIGTERM then is only noted.
         distributed.teardown()
         stop.restore()
 
@@ -260,18 +259,13 @@ def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resu
     schedule's plan; a warning when train.warmup_steps outlasts the run."""
     params = sum(p.numel() for p in trainee.model.parameters())
     plan = trainee.scheduler.lr_lambdas[0]  # optim.WarmupCosine: a resumed run's own plan too
-    # Training drops each epoch's ragged last batch (ranks step together; BatchNorm refuses
-    # a batch of one): say how much, since on a small table it is a large share.
-    samples, read = len(data.train_set), len(data.train_loader) * cfg.train.batch_size
-    dropped = max(samples - read * dist.world_size, 0)
-    drops = f" | drops {dropped} of {samples} samples an epoch (its last partial batch)"
     print(
         f"run {cfg.run.name}: {cfg.model.name} {human_count(params)} params | {device} x "
         f"{dist.world_size} | CPU threads {threads}{busy_note(threads)} | amp {cfg.train.amp} | "
         f"effective batch {data.effective_batch} | lr {trainee.lr:.2e} | "
         f"{data.steps_per_epoch} steps/epoch | warm-up {plan.warmup} of {plan.total} steps"
         + (f" | resumed at step {resumed_at}" if resumed_at is not None else "")
-        + (drops if dropped else "")
+        + drop_note(data.train_set, data.train_loader, cfg.train.batch_size, dist.world_size)
     )
     if resumed_at is None and (warning := warmup_warning(cfg.train, plan.total)):
         print(warning)

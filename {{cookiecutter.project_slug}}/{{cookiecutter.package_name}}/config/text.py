@@ -94,9 +94,8 @@ MAX_BYTES = 256 * 1024  # a config file's size: the demo configs are under 2 KB
 
 
 class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader, but a mapping's keys are the text written: `{no: 1, yes: 9}` has
-    the keys "no" and "yes", not False and True (YAML 1.1's booleans), and `{0: 1}` the key
-    "0". Every mapping of a config is keyed by names: sections, options, classes, labels."""
+    """yaml.SafeLoader, but a mapping's keys are the text written (a config's mappings are
+    keyed by names): `{no: 1, yes: 9}` has "no" and "yes", not YAML 1.1's False and True."""
 
     def construct_mapping(self, node, deep=False):
         for key, _ in node.value:

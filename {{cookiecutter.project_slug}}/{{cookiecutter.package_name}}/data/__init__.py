@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 
 from ..errors import ConfigError
-from ..utils.device import check_workers
+from ..utils.device import check_batch_memory, check_workers
 from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
 from .csv_table import CSVTable
@@ -222,7 +222,7 @@ def build_loader(
         batching = dict(batch_size=None, sampler=BatchSampler(sampler, batch_size, train))
     workers = cfg.num_workers
     check_workers(workers)  # before a worker starts: a count the machine cannot run is refused
-    check_batch_memory(source_of(dataset), batch_size, workers)
+    check_batch_memory(getattr(source_of(dataset), "sample_bytes", None), batch_size, workers)
     return _Loader(
         dataset,
         **batching,
@@ -236,34 +236,13 @@ def build_loader(
     )
 
 
-def check_batch_memory(source, batch_size: int, workers: int) -> None:
-    """Refuse, before any is decoded, batches whose inputs alone would take over half the
-    memory free (the model needs the rest): a large data.image_size otherwise runs until
-    the kernel's OOM killer ends it, having taken the whole machine, without a word."""
-    per = getattr(source, "sample_bytes", None)
-    free = free_memory()
-    if per is None or free is None:
-        return
-    batch = per() * batch_size
-    held = batch * (1 + 2 * workers)  # each worker prefetches 2 batches (torch's default)
-    if held > free / 2:
-        gb = 2**30
-        raise ConfigError(
-            f"a batch of {batch_size} inputs takes {batch / gb:.1f} GB decoded "
-            f"({held / gb:.1f} GB with the {workers} loader workers' prefetch), over half the "
-            f"{free / gb:.1f} GB of memory free; lower data.image_size, train.batch_size or "
-            "data.num_workers"
-        )
-
-
-def free_memory() -> int | None:
-    """Bytes of memory free for new allocations (Linux's MemAvailable), None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            line = next(line for line in f if line.startswith("MemAvailable:"))
-        return int(line.split()[1]) * 1024
-    except (OSError, ValueError, StopIteration, IndexError):
-        return None
+def drop_note(dataset, loader: DataLoader, batch_size: int, world_size: int) -> str:
+    """The run line's note on the samples a training loader drops each epoch (its ragged last
+    batch: ranks step together, and BatchNorm refuses a batch of one), or "" for none."""
+    samples = len(dataset)
+    dropped = max(samples - len(loader) * batch_size * world_size, 0)
+    note = f" | drops {dropped} of {samples} samples an epoch (its last partial batch)"
+    return note if dropped else ""
 
 
 class _Loader(DataLoader):

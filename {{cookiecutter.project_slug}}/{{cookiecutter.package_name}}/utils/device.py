@@ -179,6 +179,36 @@ def check_workers(num_workers: int) -> None:
         )
 
 
+def check_batch_memory(sample_bytes, batch_size: int, workers: int) -> None:
+    """Refuse, before any is decoded, batches whose inputs alone would take over half the
+    memory free (the model needs the rest): a large data.image_size otherwise runs until the
+    kernel's OOM killer ends it, having taken the whole machine, without a word.
+    `sample_bytes()`: a dataset's memory per decoded sample (None: not known)."""
+    free = free_memory()
+    if sample_bytes is None or free is None:
+        return
+    batch = sample_bytes() * batch_size
+    held = batch * (1 + 2 * workers)  # each worker prefetches 2 batches (torch's default)
+    if held > free / 2:
+        gb = 2**30
+        raise ConfigError(
+            f"a batch of {batch_size} inputs takes {batch / gb:.1f} GB decoded "
+            f"({held / gb:.1f} GB with the {workers} loader workers' prefetch), over half the "
+            f"{free / gb:.1f} GB of memory free; lower data.image_size, train.batch_size or "
+            "data.num_workers"
+        )
+
+
+def free_memory() -> int | None:
+    """Bytes of memory free for new allocations (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            line = next(line for line in f if line.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
 def busy_note(threads: int) -> str:
     """A note for the run line when the machine is busy (1-minute load above its CPUs) and this
     process uses several threads: then one thread each was several times faster."""

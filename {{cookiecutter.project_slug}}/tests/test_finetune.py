@@ -202,3 +202,21 @@ def test_two_ranks_freeze_and_unfreeze_in_step_with_one_process(tmp_path, dump_r
     assert_same(rank0["model"], rank1["model"])
     # <<< !fsdp
     assert_close(checkpoint.load(last)["model"], one["model"].state_dict())
+
+
+def test_no_parameter_group_is_empty():
+    """A head of one weight without a bias (the language model's, tied to its embedding) left
+    an empty no-decay group, which torch.distributed.checkpoint drops under fsdp: the resume
+    then failed with KeyError: 'betas'."""
+
+    class TiedHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 4, bias=False)
+
+    cfg = load_config(None, ["train.backbone_lr_ratio=0.5"]).train
+    groups = finetune.param_groups(TiedHead(), cfg, "tied")
+    assert all(group["params"] for group in groups)
+    kept = [(g["part"], g["decay"]) for g in groups]
+    assert kept == [("head", True), ("backbone", True), ("backbone", False)]

@@ -33,11 +33,11 @@ def evaluate(
 ) -> dict:
     """The task's metrics over the whole split, counting each sample once on any number of
     ranks: the task's named sums are added per batch and all-reduced once, never per-rank
-    means (Totals). `observe(output, y)`, if given, sees
-    every batch, its outputs in the targets' units (task.decode; e.g. report.Collector). A
-    vector metric of the task's `summarise` comes back flat, one entry per class / label
-    (`f1/<name>`, utils/metrics.flatten). Outputs that are not finite stop it with one line
-    naming `split` (NonFiniteOutput)."""
+    means (Totals). `observe(output, y)`, if given, sees every batch, its outputs in the
+    targets' units (task.decode; e.g. report.Collector). A vector metric of the task's
+    `summarise` comes back flat, one entry per class / label (`f1/<name>`,
+    utils/metrics.flatten). Outputs that are not finite stop it with one line naming `split`
+    (NonFiniteOutput)."""
     was_training = model.training
     model.eval()
     totals = Totals(task, device)

@@ -405,7 +405,7 @@ def test_what_needs_an_option_this_project_left_out_is_refused_naming_it(tmp_pat
 
 
 def test_resuming_a_fuller_project_s_run_names_the_option_it_needs():
-    """A lean project resuming a full one's multi-label run said "drop the override" of a
+    """A lean project resuming a fuller project's run said "drop the override" of a
     task.name nobody had given."""
     from {{ cookiecutter.package_name }}.checkpoint.resume import changes
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
-from pathlib import Path
+from pathlib import Path  # feature: text
 
 from torch import Tensor, nn
 

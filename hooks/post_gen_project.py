@@ -76,6 +76,7 @@ FEATURES = {
         *("{package}/tools/sweep_plan.py", "{package}/tools/sweep_report.py"),
         *("{package}/tools/sweep_manifest.py", "{package}/tools/sweep_optuna.py"),
         *("{package}/tools/sweep_study.py", "{package}/tools/sweep_launch.py"),
+        *("{package}/tools/sweep_watch.py", "{package}/tools/sweep_trials.py"),
         "scripts/sweep.py",
         "tests/test_sweep.py",
         "tests/test_sweep_optuna.py",

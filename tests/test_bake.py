@@ -125,6 +125,8 @@ EXPECTED = {
     "PKG/tools/sweep_optuna.py",
     "PKG/tools/sweep_study.py",
     "PKG/tools/sweep_launch.py",
+    "PKG/tools/sweep_watch.py",
+    "PKG/tools/sweep_trials.py",
     "PKG/tools/compare.py",
     "PKG/tools/runs_table.py",
     "PKG/utils/signals.py",

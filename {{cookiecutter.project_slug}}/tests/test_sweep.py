@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import json
@@ -236,7 +237,7 @@ def test_a_killed_sweep_resumes_its_interrupted_trial_and_a_second_sweep_is_refu
 
 
 def children_of(pid: int) -> list[int]:
-    """The live child processes of `pid` (Linux /proc): a sweep's forked trials."""
+    """The live child processes of `pid` (Linux /proc)."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
@@ -246,6 +247,21 @@ def children_of(pid: int) -> list[int]:
         if fields.get("PPid", "").strip() == str(pid) and fields.get("State", "")[:1] != "Z":
             found.append(int(status.parent.name))
     return found
+
+
+def descendants_of(pid: int) -> list[int]:
+    """The live processes below `pid` (Linux /proc): a sweep's forkserver and its trials."""
+    found, todo = [], [pid]
+    while todo:
+        children = children_of(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+def trial_pid(run: Path) -> int:
+    """The pid of the process that trains `run`, as its lock file names it."""
+    return int((run / ".lock").read_text().split()[3])
 
 
 @pytest.mark.slow
@@ -262,8 +278,7 @@ def test_a_trial_killed_mid_sweep_takes_only_itself_down_and_resumes_on_the_reru
     )  # fmt: skip
     first = tmp_path / "x" / "t00-epochs30"
     wait_for([first / "last.pt"])  # an epoch saved
-    (trial,) = children_of(job.pid)
-    os.kill(trial, signal.SIGKILL)
+    os.kill(trial_pid(first), signal.SIGKILL)
     out, err = job.communicate(timeout=180)
     assert job.returncode not in (0, None), out
     assert "t00-epochs30: interrupted (exit -9)" in out and "t01-epochs2: done" in out
@@ -558,7 +573,7 @@ def test_slurm_array_tasks_share_the_sweep_lock_that_a_whole_sweep_takes_alone(t
 # second: each trial is a small script, not a training run. It does what FAKE_TRIALS says for
 # its run name (the first key it starts with, else "*"), and appends to calls.jsonl what ran.
 FAKE_TRIAL = """
-import json, os, shutil, sys
+import json, os, shutil, signal, sys, time
 from pathlib import Path
 from {{ cookiecutter.package_name }}.utils.logger import record_run  # no torch: it starts fast
 
@@ -567,16 +582,28 @@ name, lr = settings["run.name"], float(settings.get("train.lr", 1e-3))
 run = Path(settings["run.output_dir"]) / name
 plan = json.loads(os.environ["FAKE_TRIALS"])
 action = next((v for k, v in plan.items() if name.startswith(k)), plan["*"])
+if action == "hang":  # a stuck trial: a stop is noted, never acted on
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
 with open(os.environ["FAKE_CALLS"], "a") as f:
-    f.write(json.dumps({"run": name, "lr": lr, "action": action}) + "\\n")
+    f.write(json.dumps({"run": name, "lr": lr, "action": action, "pid": os.getpid()}) + "\\n")
 if action == "enospc":  # what train.py prints for a full disk
     print(f"error: cannot use '{run}/step-1.pt': {os.strerror(28)}; free space", file=sys.stderr)
     sys.exit(2)
+if action == "fail":
+    print("error: injected failure inside a trial", file=sys.stderr)
+    sys.exit(1)
+if action == "exit0":  # ends before training, with the code of success
+    sys.exit(0)
+if action == "sigkill":  # as the kernel's out-of-memory killer ends a process
+    os.kill(os.getpid(), signal.SIGKILL)
 run.mkdir(parents=True, exist_ok=True)
 shutil.copy(os.environ["FAKE_CONFIG"], run / "config.yaml")  # what the report reads
 acc = min(lr * 100, 1.0)  # a result that depends on the settings
 rows = "".join(f"{e},{16 * e},{acc * e / 2},{1 - acc}\\n" for e in (1, 2))
 (run / "metrics.csv").write_text("epoch,step,val/acc,val/loss\\n" + rows)
+(run / "last.pt").write_bytes(b"")  # saved: what a finished run (and a stopped one) has
+while action == "hang":
+    time.sleep(1)
 if action == "stopped":  # saved and stopped (SIGTERM)
     sys.exit(75)
 record_run(run.parent, {"run": name, "best_val_acc": acc, "val_loss": 1 - acc})
@@ -824,3 +851,249 @@ def test_the_freeze_epochs_and_backbone_lr_ratio_are_sweepable(capsys):
         for f in ("0", "1")
         for r in ("0.1", "0.5")
     ]
+
+
+# --- Trials that crash, lie, hang or outlive their sweep: the record says what happened ------
+
+
+def states_of(folder: Path) -> list[tuple]:
+    trials = sweep_manifest.read(folder / "sweep.json")["trials"]
+    return [(t["state"], t["exit_code"]) for t in trials]
+
+
+def test_a_trial_killed_by_a_signal_twice_in_a_row_is_failed_with_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """The kernel's out-of-memory killer sends SIGKILL at every try: the first kill leaves the
+    trial to resume, the second in a row fails it (it used to be pending at every rerun)."""
+    calls = fake_trials(monkeypatch, tmp_path, {"t00": "sigkill"})
+    grid = "train.lr=1e-3,2e-3"
+    assert in_process(tmp_path, "--name", "oom", grid) == 75
+    assert states_of(tmp_path / "oom") == [("pending", -9), ("done", 0)]
+    capsys.readouterr()
+    assert in_process(tmp_path, "--name", "oom", grid) == 1
+    out, err = capsys.readouterr()
+    [line] = [x for x in out.splitlines() if x.startswith("t00-lr1e-3: failed")]
+    assert "killed by SIGKILL 2 times in a row" in line and "out-of-memory" in line, out
+    assert "1 trial(s) failed: t00-lr1e-3" in err
+    [record, _] = sweep_manifest.read(tmp_path / "oom" / "sweep.json")["trials"]
+    assert (record["state"], record["kills"]) == ("failed", 2) and "SIGKILL" in record["error"]
+    assert [c["run"] for c in calls_of(calls)] == ["t00-lr1e-3", "t01-lr2e-3", "t00-lr1e-3"]
+
+    fake_trials(monkeypatch, tmp_path, {})  # memory freed: the rerun retries it, as any failure
+    assert in_process(tmp_path, "--name", "oom", grid) == 0
+    assert states_of(tmp_path / "oom") == [("done", 0), ("done", 0)]
+
+
+def test_the_stop_line_counts_a_trial_killed_by_a_signal(tmp_path, monkeypatch, capsys):
+    fake_trials(monkeypatch, tmp_path, {"t00": "sigkill"})
+    assert in_process(tmp_path, "--name", "k", "train.lr=1e-3,2e-3") == 75
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    said = "sweep stopped: 0 trial(s) saved and stopped, 1 interrupted (t00-lr1e-3), 0 not started"
+    assert last.startswith(f"{said}; run the same command again"), last
+
+
+def test_a_trial_that_exits_0_without_finishing_its_run_is_failed(tmp_path, monkeypatch, capsys):
+    fake_trials(monkeypatch, tmp_path, {"t00": "exit0"})
+    grid = "train.lr=1e-3,2e-3"
+    assert in_process(tmp_path, "--name", "z", grid) == 1
+    out, err = capsys.readouterr()
+    [line] = [x for x in out.splitlines() if x.startswith("t00-lr1e-3:") and "started" not in x]
+    assert "failed: it exited 0 without finishing its run (no last.pt and no row in runs.csv" in (
+        line
+    )
+    assert "1 trial(s) failed: t00-lr1e-3" in err
+    assert states_of(tmp_path / "z") == [("failed", 0), ("done", 0)]
+    fake_trials(monkeypatch, tmp_path, {})
+    assert in_process(tmp_path, "--name", "z", grid) == 0  # retried by the rerun
+    assert states_of(tmp_path / "z") == [("done", 0), ("done", 0)]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")  # a zombie (ended, not yet reaped) is not alive
+    return not status.exists() or "State:\tZ" not in status.read_text()
+
+
+def started_pid(calls: Path, run: str, seconds: float = 30) -> int:
+    """The pid of stand-in trial `run` once it started (its calls line)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = [c["pid"] for c in calls_of(calls) if c["run"] == run]
+        if found:
+            return found[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"trial {run} did not start within {seconds}s")
+
+
+class Bounded:
+    """For a test of a sweep that must not hang: `bound` seconds after it starts, SIGKILL the
+    stand-in trials still running (their pids from the calls file), so that a sweep waiting
+    for one returns and the test fails instead of waiting for ever."""
+
+    def __init__(self, calls: Path, bound: float):
+        import threading
+
+        self.calls, self.hit = calls, False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(bound,), daemon=True)
+        self._thread.start()
+
+    def _run(self, bound: float) -> None:
+        if self._done.wait(bound):
+            return
+        self.hit = True
+        for pid in {c["pid"] for c in calls_of(self.calls)}:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_trial_that_cannot_stop_is_killed_a_grace_period_after_a_stop(
+    tmp_path, monkeypatch, capsys, stop_signals_raise
+):
+    """SIGTERM to a sweep whose trial cannot reach a step boundary: the sweep used to wait for
+    ever. Now the trial's process group gets SIGKILL after the grace period (--stop-grace),
+    with a line, and it stays to resume from its last checkpoint."""
+    import threading
+
+    calls = fake_trials(monkeypatch, tmp_path, {"t00": "hang"})
+    monkeypatch.setattr(sweep, "STOP_GRACE_S", 1.0, raising=False)  # the default's 120 s
+    bounded = Bounded(calls, 30)
+
+    def stop_when_it_runs():
+        started_pid(calls, "t00-lr1e-3")
+        os.kill(os.getpid(), signal.SIGTERM)  # the sweep's handler notes it
+
+    stopper = threading.Thread(target=stop_when_it_runs, daemon=True)
+    stopper.start()
+    began = time.monotonic()
+    try:
+        code = in_process(tmp_path, "--name", "h", "train.lr=1e-3,2e-3")
+    finally:
+        bounded.close()
+        stopper.join(5)
+    assert not bounded.hit and code == 75, capsys.readouterr()
+    assert time.monotonic() - began < 20
+    out = capsys.readouterr().out
+    assert "t00-lr1e-3: did not stop within 1s of being asked: killed (SIGKILL" in out, out
+    assert "1 interrupted (t00-lr1e-3), 1 not started" in out.strip().splitlines()[-1]
+    assert states_of(tmp_path / "h") == [("pending", -9), ("pending", None)]
+    assert not pid_alive(started_pid(calls, "t00-lr1e-3"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_trial_over_its_time_limit_is_stopped_and_failed_and_the_others_run(
+    tmp_path, monkeypatch, capsys
+):
+    calls = fake_trials(monkeypatch, tmp_path, {"t00": "hang"})
+    bounded = Bounded(calls, 30)
+    try:
+        args = ["--trial-timeout", "1", "--stop-grace", "1", "train.lr=1e-3,2e-3"]
+        code = in_process(tmp_path, "--name", "t", *args)
+    finally:
+        bounded.close()
+    out, err = capsys.readouterr()
+    assert not bounded.hit and code == 1, out + err
+    assert "t00-lr1e-3: ran for --trial-timeout 1s: asked to save and stop" in out
+    assert "t00-lr1e-3: did not stop within 1s of being asked: killed" in out
+    assert states_of(tmp_path / "t") == [("failed", -9), ("done", 0)]
+    record = sweep_manifest.read(tmp_path / "t" / "sweep.json")["trials"][0]
+    assert "--trial-timeout 1s" in record["error"]
+    assert not pid_alive(started_pid(calls, "t00-lr1e-3"))
+
+
+# Runs a sweep of stand-in trials (test_sweep.FAKE_TRIAL, from fake_trials' environment) as
+# a process of its own: argv[1] is the stand-in script, the rest the sweep's arguments.
+SWEEP_OF_STAND_INS = """
+import sys
+from pathlib import Path
+from {{ cookiecutter.package_name }}.tools import sweep, sweep_cli
+
+script = sys.argv[1]
+sweep.Sweep.command = lambda self, trial: [sys.executable, script, *self.overrides(trial)]
+sweep.STOP_GRACE_S = 2.0  # the grace period's default, 120 s, shortened
+raise SystemExit(sweep_cli.main(Path.cwd(), sys.argv[2:]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_stuck_trial_does_not_outlive_its_sweep_killed_with_kill_9(tmp_path, monkeypatch):
+    """After kill -9 of the sweep, its trial gets SIGTERM (parent death) and cannot act on
+    it: it used to live on as an orphan. The sweep's watchdog ends it after the grace period."""
+    calls = fake_trials(monkeypatch, tmp_path, {"t00": "hang"})
+    args = ["--name", "o", "train.lr=1e-3,2e-3", *TINY]
+    job = subprocess.Popen(
+        [sys.executable, "-c", SWEEP_OF_STAND_INS, str(tmp_path / "fake_trial.py"), *args,
+         f"run.output_dir={tmp_path}"],
+        cwd=ROOT, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    pid = None
+    try:
+        pid = started_pid(calls, "t00-lr1e-3")
+        job.kill()
+        job.wait(10)
+        deadline = time.monotonic() + 20
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(pid), "the stuck trial outlived its sweep"
+        log = (tmp_path / "o" / "logs" / "t00-lr1e-3.out").read_text()
+        assert "its sweep died and it did not stop within 2s" in log, log
+    finally:
+        if job.poll() is None:
+            job.kill()
+        if pid is not None and pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        job.communicate(timeout=10)
+
+
+# A caller that has used torch's OpenMP pool (a notebook, a test suite), then runs a sweep in
+# its own process: a trial forked from it hung for ever (GNU OpenMP is not fork-safe). A
+# script with no __main__ guard: were it imported again in a trial, it would sweep again.
+OPENMP_CALLER = """
+import sys
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(2)  # the OpenMP pool exists
+a = torch.randn(1500, 1500)
+print("computed", float((a @ a).sum()) != 0.0)
+from {{ cookiecutter.package_name }}.tools.sweep_cli import main
+
+code = main(Path(sys.argv[1]), sys.argv[2:])
+print("sweep exit", code)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_sweep_called_in_process_after_torch_computed_does_not_hang(tmp_path):
+    caller = tmp_path / "caller.py"
+    caller.write_text(OPENMP_CALLER)
+    args = ["--name", "omp", "train.lr=1e-3,3e-3", *TINY, "train.epochs=1"]
+    job = subprocess.Popen(
+        [sys.executable, str(caller), str(ROOT), *args, f"run.output_dir={tmp_path}"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = job.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        left = descendants_of(job.pid)  # the hung trial is in a session of its own
+        for pid in [job.pid, *left]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, _ = job.communicate(timeout=10)
+        pytest.fail(f"the sweep hung (its trial forked after OpenMP ran):\n{out}")
+    assert job.returncode == 0 and "sweep exit 0" in out, out
+    assert out.count("computed True") == 1, out  # the caller's script ran once, not per trial
+    assert states_of(tmp_path / "omp") == [("done", 0), ("done", 0)]

@@ -224,6 +224,33 @@ def test_a_trial_that_cannot_write_stops_the_study_and_is_retried_by_the_rerun(
     assert study.trials[1].params == trial["params"]
 
 
+def test_an_optuna_rerun_retries_its_failed_trials_with_their_own_settings(
+    tmp_path, monkeypatch, capsys
+):
+    """A grid's rerun retries its failed trials; an Optuna rerun used to say "2 of 2 trials
+    recorded" and run nothing, exit 1, however the fault was fixed."""
+    pytest.importorskip("optuna", reason=f"the sweep extra: {INSTALL}")
+    calls = fake_trials(monkeypatch, tmp_path, {"*": "fail"})
+    assert sweep_cli.main(ROOT, optuna_args(tmp_path, 2, *UNPRUNED)) == 1
+    folder = tmp_path / "o"
+    failed = records(folder)
+    assert [t["state"] for t in failed] == ["failed", "failed"]
+    capsys.readouterr()
+
+    fake_trials(monkeypatch, tmp_path, {})  # the fault fixed
+    assert sweep_cli.main(ROOT, optuna_args(tmp_path, 2, *UNPRUNED)) == 0
+    ids = ", ".join(t["id"] for t in failed)
+    assert f"retrying 2 failed trial(s) with their own settings: {ids}" in capsys.readouterr().out
+    trials = records(folder)
+    assert [(t["id"], t["state"]) for t in trials] == [(t["id"], "done") for t in failed]
+    ran = [(c["run"], c["lr"]) for c in calls_of(calls)]
+    assert ran == [(t["id"], float(t["settings"]["train.lr"])) for t in failed] * 2
+    study = load_study(folder)  # their old Optuna trials failed; their settings asked again
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+    assert [t.params for t in study.trials[2:]] == [t["params"] for t in failed]
+    assert "retries the failed trials" in " ".join(sweep_cli._parser().format_help().split())
+
+
 @pytest.fixture(scope="module")
 def finished_study(tmp_path_factory) -> Path:
     """The output folder of a finished 1-trial study "o" (its trial a stand-in)."""

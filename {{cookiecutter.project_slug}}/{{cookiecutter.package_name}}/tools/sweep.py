@@ -5,7 +5,12 @@ sweep_cli.py reads the arguments and starts a Sweep here. Each trial is
 `train.py ... run.output_dir=<sweep dir> run.name=<trial> train.resume=auto`, so running the
 same sweep again skips done trials and resumes the rest.
 Results (table, results.csv, best.yaml, plots) are sweep_report.py's; sweep.json, its atomic
-writes and the locks are sweep_manifest.py's; --optuna is sweep_optuna.py's.
+writes and the locks are sweep_manifest.py's; --optuna is sweep_optuna.py's; how a trial
+starts (forked from a warm server) is sweep_launch.py's, and the watchdog that ends trials a
+dead sweep left is sweep_watch.py's.
+
+What a trial's record says is what happened to it, and how running trials are stopped, are
+sweep_trials.py's: no stuck trial holds the sweep.
 """
 
 from __future__ import annotations
@@ -22,11 +27,10 @@ from pathlib import Path
 from ..config import load_config
 from ..errors import EXIT_STOPPED, ConfigError, UserError
 from ..utils import run_files, signals
-from . import sweep_launch, sweep_manifest, sweep_report
+from . import sweep_launch, sweep_manifest, sweep_report, sweep_watch
 from .sweep_plan import SBATCH_MISSING, plan, slots_for
-
-# A record "running" that no process runs was left by a sweep that was killed: resumed too.
-UNFINISHED = ("pending", "running")
+from .sweep_trials import UNFINISHED, TrialWatch
+from .sweep_watch import STOP_GRACE_S
 
 
 def sweep_folder(args, fixed: list[str]) -> Path:
@@ -36,7 +40,7 @@ def sweep_folder(args, fixed: list[str]) -> Path:
     return Path(load_config(args.config, fixed).run.output_dir) / args.name
 
 
-class Sweep:
+class Sweep(TrialWatch):
     """A sweep folder: its manifest and the trials it runs."""
 
     def __init__(self, root: Path, folder: Path, config, fixed: list[str], trials: list[dict]):
@@ -53,6 +57,20 @@ class Sweep:
         self._sent: dict[int, set] = {}  # pid -> the signals passed on to that trial
         self._started: list[str] = []  # the trials this process started
         self._waiting: set[str] = set()  # trials whose run folder another process holds
+        self.grace, self.trial_timeout = STOP_GRACE_S, None  # set_limits: --stop-grace ...
+        # Per running trial id: when it was asked to stop, whether --trial-timeout asked, and
+        # whether the sweep killed it after the grace period.
+        self._watched: dict[str, dict] = {}
+        self._running: dict[int, object] = {}  # pid -> the trials this process runs
+        self._watchdog: sweep_watch.Watchdog | None = None
+
+    def set_limits(self, args) -> None:
+        """--stop-grace and --trial-timeout, checked."""
+        grace, timeout = getattr(args, "stop_grace", None), getattr(args, "trial_timeout", None)
+        if (grace is not None and not grace >= 0) or (timeout is not None and not timeout > 0):
+            raise ConfigError("--stop-grace needs SECONDS >= 0 and --trial-timeout SECONDS > 0")
+        self.grace = STOP_GRACE_S if grace is None else grace
+        self.trial_timeout = timeout
 
     @classmethod
     def create(cls, root: Path, args, stops: list[int] | None = None) -> Sweep:
@@ -65,6 +83,7 @@ class Sweep:
         config = str(Path(args.config).resolve()) if args.config else None
         sweep = cls(root, folder, config, fixed, trials)
         sweep.signals = stops if stops is not None else sweep.signals
+        sweep.set_limits(args)
         for trial in trials:  # bad input stops the sweep before any trial runs
             try:
                 load_config(config, sweep.overrides(trial))
@@ -80,6 +99,14 @@ class Sweep:
                 sweep._held = sweep_manifest.hold_sweep(folder, args.run_index is not None)
             sweep._merge_manifest()
         return sweep
+
+    @classmethod
+    def forks(cls, root: Path) -> bool:
+        """Whether the trials of a sweep of the project at `root` start from the forkserver
+        (sweep_launch.can_fork): known before any config is read."""
+        probe = cls(root, root, None, [], [])
+        command = probe.command({"id": "t", "overrides": []})
+        return sweep_launch.can_fork(command, root / "scripts" / "train.py")
 
     def command(self, trial: dict) -> list[str]:
         config = ["--config", self.config] if self.config else []
@@ -120,6 +147,18 @@ class Sweep:
             self.trials = saved["trials"]
 
     def release(self) -> None:
+        """The sweep is over in this process: no trial of it runs on (one left by an error
+        is asked to stop, then killed after the grace period), and the lock is let go."""
+        for pid, proc in list(self._running.items()):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            if sweep_watch.wait_for(proc, self.grace) is None:
+                sweep_watch.kill_group(pid)
+                sweep_watch.wait_for(proc, 5)
+            self._running.pop(pid, None)
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         if self._held is not None:
             os.close(self._held)
             self._held = None
@@ -151,7 +190,8 @@ class Sweep:
                 raise UserError(self.halt[1])
             return EXIT_STOPPED
         if args.run_index is not None:
-            return todo[0]["exit_code"] or 0 if todo else 0
+            failed = bool(todo) and todo[0]["state"] == "failed"
+            return (todo[0]["exit_code"] or int(failed)) if todo else 0
         status = sweep_report.report(self.dir, self.trials)
         failed = [t["id"] for t in self.trials if t["state"] == "failed"]
         if failed:
@@ -190,11 +230,12 @@ class Sweep:
                     break
                 queue.remove(trial)
                 running[slot] = self._start(trial, slots[slot])
-            self._pass_on(running)
+            self.watch(running)
             for slot, (trial, proc, err, began) in list(running.items()):
                 if proc.poll() is not None:
                     del running[slot]
                     err.close()
+                    self.ended(proc)
                     self._finish(trial, proc.returncode, time.monotonic() - began)
             time.sleep(0.05)
 
@@ -208,56 +249,20 @@ class Sweep:
             print(f"{trial['id']}: waiting for the process that still holds its run folder")
         return True
 
-    def _pass_on(self, running: dict) -> None:
-        """Trials run in their own sessions (a terminal's Ctrl-C reaches only the sweep): once
-        asked to stop, each running trial gets SIGTERM (it saves and exits 75) and no new one
-        starts; a later Ctrl-C gets them SIGINT (they quit without saving)."""
-        if not self.signals:
-            return
-        wanted = [signal.SIGTERM] + [signal.SIGINT] * (signal.SIGINT in self.signals[1:])
-        if not self._sent:  # said once, before the first trial is signalled
-            name = signal.Signals(self.signals[0]).name
-            print(f"stopping ({name}): running trials save and stop (Ctrl-C again: unsaved)")
-        for trial, proc, _, _ in running.values():
-            for sig in wanted:
-                if sig not in self._sent.setdefault(proc.pid, set()):
-                    self._sent[proc.pid].add(sig)
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(sig)
-                    verb = "save and stop" if sig == signal.SIGTERM else "quit without saving"
-                    print(f"{trial['id']}: asked to {verb}")
-
-    def _trial(self, trial_id: str) -> dict:
-        return next(t for t in self.trials if t["id"] == trial_id)
-
-    def stop_cause(self) -> str:
-        if self.halt:
-            return self.halt[0]
-        return f" ({signal.Signals(self.signals[0]).name})" if self.signals else ""
-
-    def _say_stopped(self, todo: list[dict]) -> None:
-        cause = self.stop_cause()
-        saved = [i for i in self._started if self._trial(i)["exit_code"] == EXIT_STOPPED]
-        waiting = [t["id"] for t in todo if t["id"] not in self._started]
-        print(
-            f"sweep stopped{cause}: {len(saved)} trial(s) saved and stopped"
-            + (f" ({', '.join(saved)})" if saved else "")
-            + f", {len(waiting)} not started; run the same command again to continue "
-            f"({self.dir})"
-        )
-
     def _start(self, trial: dict, slot: dict) -> tuple:
         logs = self.dir / run_files.SWEEP_LOGS
         logs.mkdir(exist_ok=True)
         out = (logs / f"{trial['id']}.out").open("a")
+        log_at = out.tell()  # where this try's output starts
         err = (logs / f"{trial['id']}.err").open("w+")
         extra = [f"run.threads={slot['threads']}"] if slot.get("threads") else []
         env = {**os.environ, **slot.get("env", {}), "PYTHONUNBUFFERED": "1"}
         command = self.command(trial) + extra
+        proc = None
         if sweep_launch.can_fork(command, self.root / "scripts" / "train.py"):
-            held = [self._held] if self._held is not None else []
-            proc = sweep_launch.fork_trial(command, out, err, env, close=held)
-        else:
+            paths = logs / f"{trial['id']}.out", logs / f"{trial['id']}.err"
+            proc = sweep_launch.start_trial(command, *paths, env)
+        if proc is None:
             proc = subprocess.Popen(
                 command,
                 stdout=out,
@@ -266,7 +271,12 @@ class Sweep:
                 start_new_session=True,  # see _pass_on
                 preexec_fn=signals.stop_with_parent(),
             )
+        self._watched[trial["id"]] = {"log_at": log_at}
         out.close()
+        self._running[proc.pid] = proc
+        if self._watchdog is None:
+            self._watchdog = sweep_watch.Watchdog(self.grace)
+        self._watchdog.started(proc.pid, logs / f"{trial['id']}.out")
         self._started.append(trial["id"])
         self.update(trial, state="running", exit_code=None, error=None)
         print(
@@ -274,27 +284,3 @@ class Sweep:
             f"log {logs / trial['id']}.out"
         )
         return trial, proc, err, time.monotonic()
-
-    def _finish(self, trial: dict, code: int, seconds: float) -> None:
-        if code == 0:
-            self.update(trial, state="done", exit_code=0)
-            print(f"{trial['id']}: done in {seconds:.1f}s")
-        elif code in (EXIT_STOPPED, 130) or code < 0:  # stopped or killed: resume next time
-            self.update(trial, state="pending", exit_code=code, error="interrupted")
-            how = "saved and stopped" if code == EXIT_STOPPED else "interrupted"
-            print(f"{trial['id']}: {how} (exit {code}); it resumes when the sweep reruns")
-        else:
-            log = self.dir / run_files.SWEEP_LOGS / f"{trial['id']}.err"
-            line = sweep_manifest.error_line(log)
-            failed_write = sweep_manifest.failed_write(line)
-            state = "pending" if failed_write else "failed"  # a failed write is tried again
-            self.update(trial, state=state, exit_code=code, error=line)
-            again = "; it is tried again when the sweep reruns" if failed_write else ""
-            print(f"{trial['id']}: failed (exit {code}): {line}{again}")
-            if failed_write and not self.halt:
-                self.halt = (
-                    " (a trial could not write)",
-                    f"trial {trial['id']}: {failed_write}; the sweep stopped there, as its "
-                    "other trials would fail the same way: free space on that disk (or raise "
-                    "the limit), then run the same command again to retry it",
-                )

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from ..errors import EXIT_STOPPED, ConfigError
 from ..utils import run_files, signals
-from . import cli
+from . import cli, sweep_launch
 from .cli import guard
+from .sweep_watch import STOP_GRACE_S
 
 # SIGHUP too: a closed terminal stops the trials (in their own sessions, they would not hear it).
 STOP_SIGNALS = (*signals.SIGNALS, *signals.HANGUP)
@@ -37,6 +38,17 @@ def main(root: Path, argv: list[str] | None = None) -> int:
 
 def _run(root: Path, args, stops: list[int]) -> int:
     # Imported here, with the signals held: a stop while they load is noted, not fatal.
+    from .sweep import Sweep
+
+    if not (args.report or args.dry_run or args.slurm) and Sweep.forks(root):
+        sweep_launch.prestart()  # the trials' server imports beside the sweep's checks
+    try:
+        return _sweep(root, args, stops)
+    finally:
+        sweep_launch.unused()
+
+
+def _sweep(root: Path, args, stops: list[int]) -> int:
     from . import sweep_report
     from .sweep import Sweep, sweep_folder
     from .sweep_plan import submit_array
@@ -79,6 +91,25 @@ def _recorded_trials(folder: Path, name: str) -> list[dict]:
     return manifest["trials"]
 
 
+def _limits(p: cli.Parser) -> None:
+    """The options that bound a trial's time: --trial-timeout and --stop-grace."""
+    p.add_argument(
+        "--trial-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a trial running longer is asked to save and stop (SIGKILL after --stop-grace) "
+        "and recorded failed; the rerun resumes it from its last checkpoint (default: none)",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        metavar="SECONDS",
+        help="how long a trial asked to stop (Ctrl-C, SIGTERM, --trial-timeout, pruning, the "
+        "sweep's death) may take to save before its process group gets SIGKILL; it resumes "
+        f"from its last checkpoint (default: {STOP_GRACE_S:g})",
+    )
+
+
 def _parser() -> cli.Parser:
     p = cli.Parser(description="Run a hyperparameter sweep of scripts/train.py.")
     p.add_argument(
@@ -99,7 +130,9 @@ def _parser() -> cli.Parser:
         type=int,
         default=0,
         metavar="N",
-        help="Optuna search (TPE, median pruning) to N trials in all: pip install -e '.[sweep]'",
+        help="Optuna search (TPE, median pruning) to N trials in all; a rerun retries the "
+        "failed trials with their own settings, as a grid's rerun does (pip install -e "
+        "'.[sweep]')",
     )
     p.add_argument(
         "--prune-after",
@@ -115,6 +148,7 @@ def _parser() -> cli.Parser:
         help="with --optuna: prune no trial at or before this epoch (default: a quarter of "
         "train.epochs, at least 1: the first epochs' validation is mostly noise)",
     )
+    _limits(p)
     p.add_argument("--seeds", type=int, default=1, help="run each config with N seeds")
     p.add_argument("--kfold", type=int, default=0, help="run each config on K folds")
     p.add_argument("--parallel", type=int, default=1, help="trials at a time (subprocesses)")

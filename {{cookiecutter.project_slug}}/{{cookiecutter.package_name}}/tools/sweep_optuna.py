@@ -11,23 +11,26 @@ pruner stops gets SIGTERM, saves and exits, and is recorded as pruned.
 
 sweep.json is the record of what ran: each start makes the study agree with it (a sweep killed
 mid-trial leaves its Optuna trial RUNNING); a study.db that cannot be used is one line
-(sweep_study.check_study).
+(sweep_study.check_study). A rerun retries the trials that failed, with their own settings,
+as a grid's rerun does (the study fails their old Optuna trials and asks them again); N
+counts the trials recorded, so the retries are not extra trials.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import signal
+import sys
 import time
 from pathlib import Path
 
 from ..config import load_config
 from ..errors import EXIT_STOPPED, ConfigError, UserError
 from ..utils import run_files
-from . import runs_table, sweep_manifest, sweep_report, sweep_study
+from . import runs_table, sweep_manifest, sweep_report, sweep_study, sweep_watch
 from .sweep import UNFINISHED, Sweep, sweep_folder
 from .sweep_plan import distributions, param_text, range_spec, split, value_text
+from .sweep_study import STEP_UNIT, _report, prune_warmup, step_values
 
 INSTALL = "pip install -e '.[sweep]'"
 # Options of the other modes that an Optuna sweep does not take, with their defaults.
@@ -58,6 +61,7 @@ def run_study(root: Path, args, stops: list[int] | None = None) -> int:
     try:
         sweep_study.check_study(path, args.name)  # before anything is written
         sweep.trials = _merge(sweep, axes)
+        sweep.set_limits(args)
         with sweep_study.study_errors(path):
             study = optuna.create_study(
                 storage=f"sqlite:///{path}",
@@ -72,6 +76,7 @@ def run_study(root: Path, args, stops: list[int] | None = None) -> int:
             )
             dists = distributions(axes, optuna)
             _agree(sweep, study, optuna, dists, metric)
+            _retry_failed(sweep)
             recorded = f"{len(sweep.trials)} of {args.optuna} trials recorded"
             after = f"pruning after epoch {warmup // STEP_UNIT:g}"
             print(f"sweep {sweep.dir}: optuna, {recorded}, {after}")
@@ -149,6 +154,17 @@ def _agree(sweep: Sweep, study, optuna, dists: dict, metric: str) -> None:
     return None
 
 
+def _retry_failed(sweep: Sweep) -> None:
+    """Failed trials run again with their own settings (resuming from their last checkpoint,
+    where they saved one), as a grid's rerun retries them; said in one line."""
+    failed = [t for t in sweep.trials if t["state"] == "failed"]
+    for trial in failed:
+        sweep.update(trial, state="pending")
+    if failed:
+        ids = ", ".join(t["id"] for t in failed)
+        print(f"retrying {len(failed)} failed trial(s) with their own settings: {ids}")
+
+
 def _ended(sweep: Sweep, record: dict, metric: str) -> tuple[str, float | None]:
     """How a recorded trial ended, as a study's trial state and value."""
     if record["state"] == "done":
@@ -205,6 +221,8 @@ def _run(sweep: Sweep, study, optuna, dists: dict, n: int, metric: str) -> int:
         return EXIT_STOPPED
     status = sweep_report.report(sweep.dir, sweep.trials)
     failed = [t["id"] for t in sweep.trials if t["state"] == "failed"]
+    if failed:
+        print(f"{len(failed)} trial(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else status
 
 
@@ -242,25 +260,31 @@ def _run_trial(sweep: Sweep, study, optuna, asked, trial: dict, metric: str) -> 
     metrics = sweep.dir / trial["id"] / run_files.METRICS
     try:
         while proc.poll() is None:
-            if sweep.signals:
-                sweep._pass_on(running)
-            elif not pruned:
+            sweep.watch(running)  # a stop passed on; --trial-timeout; SIGKILL after the grace
+            if not pruned and not sweep.signals:
                 pruned = _report(asked, metrics, metric, reported)
-                if pruned:
-                    proc.send_signal(signal.SIGTERM)  # it saves and exits 75
+                if pruned:  # it saves and exits 75
                     step, value = max(reported.items())
                     epoch = f"{step / STEP_UNIT:g}"
-                    print(f"{trial['id']}: pruned at epoch {epoch} (val {metric} {value:.4f})")
+                    sweep.ask_to_stop(trial, proc, f"pruned at epoch {epoch} (val {metric} "
+                                      f"{value:.4f})")  # fmt: skip
             time.sleep(0.2)
     except Exception:  # the study failed meanwhile (study.db locked or damaged, a full disk)
+        sweep._watched.setdefault(trial["id"], {})["asked"] = time.monotonic()
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)  # the trial saves and stops: it resumes later
-        sweep._finish(trial, proc.wait(), time.monotonic() - running[0][3])
+        if sweep_watch.wait_for(proc, sweep.grace) is None:
+            sweep_watch.kill_group(proc.pid)  # it cannot save: it resumes from its last save
+        code = sweep_watch.wait_for(proc, 5)
+        sweep.ended(proc)
+        sweep._finish(trial, -signal.SIGKILL if code is None else code, 0.0)
         raise
     finally:
         running[0][2].close()
+    sweep.ended(proc)
     states = optuna.trial.TrialState
     if pruned:
+        sweep._watched.pop(trial["id"], None)
         sweep.update(trial, state="pruned", exit_code=proc.returncode, error=None)
         study.tell(asked, state=states.PRUNED)
         return
@@ -271,43 +295,3 @@ def _run_trial(sweep: Sweep, study, optuna, asked, trial: dict, metric: str) -> 
         study.tell(asked, value)
     else:  # failed, or stopped to resume: asked again with the same settings next time
         study.tell(asked, state=states.FAIL)
-
-
-# Optuna's steps are thousandths of an epoch: the pruner compares trials at equal steps, and an
-# epoch is the same share of training in every trial whatever its batch size or accumulation
-# (optimizer steps are not); a validation inside an epoch (train.max_steps) has its own step.
-STEP_UNIT = 1000
-
-
-def prune_warmup(epochs: float | None, trial_epochs: int) -> int:
-    """Optuna's n_warmup_steps: no trial is pruned at or before `epochs` (default: a quarter
-    of its train.epochs, at least 1), when one epoch's validation is mostly noise."""
-    if epochs is None:
-        epochs = max(1, -(-trial_epochs // 4))
-    return int(epochs * STEP_UNIT) + 1  # the pruner stops no trial at a step below this
-
-
-def _report(asked, path: Path, metric: str, reported: dict) -> bool:
-    """Report the new validation values; True when the pruner says stop."""
-    for step, value in step_values(path, metric).items():
-        if step not in reported:
-            reported[step] = value
-            asked.report(value, step)
-    return bool(reported) and asked.should_prune()
-
-
-def step_values(path: Path, metric: str) -> dict[int, float]:
-    """{step: val/<metric>} from the complete lines of a metrics.csv being written, the step
-    in thousandths of an epoch (STEP_UNIT: the row of epoch 1.25 is step 1250)."""
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    except FileNotFoundError:
-        return {}
-    values = {}
-    for row in csv.DictReader(line for line in lines if line.endswith("\n")):
-        try:
-            step, value = round(float(row["epoch"]) * STEP_UNIT), float(row[f"val/{metric}"])
-        except (KeyError, TypeError, ValueError, OverflowError):  # a training row, no epoch
-            continue
-        values.setdefault(step, value)
-    return values

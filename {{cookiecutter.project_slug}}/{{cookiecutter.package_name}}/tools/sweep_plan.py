@@ -198,6 +198,9 @@ def submit_array(sweep, args) -> int:
     same = ["--name", args.name, *(["--config", sweep.config] if sweep.config else [])]
     for flag in ("trials", "seed", "seeds", "kfold"):
         same += [f"--{flag}", str(getattr(args, flag))]
+    for flag in ("trial_timeout", "stop_grace"):  # each array task's own trial
+        if getattr(args, flag, None) is not None:
+            same += [f"--{flag.replace('_', '-')}", f"{getattr(args, flag):g}"]
     same += args.overrides
     script = sweep.dir / run_files.ARRAY_SCRIPT
     fields = {

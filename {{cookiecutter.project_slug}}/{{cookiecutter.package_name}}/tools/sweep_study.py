@@ -1,10 +1,12 @@
 """An Optuna sweep's study.db, checked before it is used: damaged, locked, or another
 sweep's, it is one line naming it rather than optuna's traceback, as is a failure of the
-study while the sweep runs (sweep_optuna.py runs the study)."""
+study while the sweep runs (sweep_optuna.py runs the study); and the steps at which the
+pruner compares trials, read from their metrics.csv."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import os
 import sqlite3
 from pathlib import Path
@@ -103,3 +105,43 @@ def study_errors(path: Path):
                 f"(or {STUDY_AFRESH})"
             ) from None
         raise
+
+
+# Optuna's steps are thousandths of an epoch: the pruner compares trials at equal steps, and an
+# epoch is the same share of training in every trial whatever its batch size or accumulation
+# (optimizer steps are not); a validation inside an epoch (train.max_steps) has its own step.
+STEP_UNIT = 1000
+
+
+def prune_warmup(epochs: float | None, trial_epochs: int) -> int:
+    """Optuna's n_warmup_steps: no trial is pruned at or before `epochs` (default: a quarter
+    of its train.epochs, at least 1), when one epoch's validation is mostly noise."""
+    if epochs is None:
+        epochs = max(1, -(-trial_epochs // 4))
+    return int(epochs * STEP_UNIT) + 1  # the pruner stops no trial at a step below this
+
+
+def _report(asked, path: Path, metric: str, reported: dict) -> bool:
+    """Report the new validation values; True when the pruner says stop."""
+    for step, value in step_values(path, metric).items():
+        if step not in reported:
+            reported[step] = value
+            asked.report(value, step)
+    return bool(reported) and asked.should_prune()
+
+
+def step_values(path: Path, metric: str) -> dict[int, float]:
+    """{step: val/<metric>} from the complete lines of a metrics.csv being written, the step
+    in thousandths of an epoch (STEP_UNIT: the row of epoch 1.25 is step 1250)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    except FileNotFoundError:
+        return {}
+    values = {}
+    for row in csv.DictReader(line for line in lines if line.endswith("\n")):
+        try:
+            step, value = round(float(row["epoch"]) * STEP_UNIT), float(row[f"val/{metric}"])
+        except (KeyError, TypeError, ValueError, OverflowError):  # a training row, no epoch
+            continue
+        values.setdefault(step, value)
+    return values

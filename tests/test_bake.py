@@ -309,7 +309,8 @@ FEATURE_FILES = {
     },
     "sweeps": {
         *(f"PKG/tools/sweep{part}.py" for part in ("", "_cli", "_plan", "_report", "_manifest")),
-        *(f"PKG/tools/sweep_{part}.py" for part in ("optuna", "study", "launch")),
+        *(f"PKG/tools/sweep_{part}.py" for part in ("optuna", "study", "launch", "watch")),
+        "PKG/tools/sweep_trials.py",
         "scripts/sweep.py",
         "tests/test_sweep.py",
         "tests/test_sweep_optuna.py",

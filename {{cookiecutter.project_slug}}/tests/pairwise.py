@@ -56,8 +56,8 @@ AXES: dict[str, list] = {
     "sync_bn": [False, True],
     "cpu_offload": [False, True],  # feature: fsdp
     "deterministic": [False, True],  # run.deterministic
-    # train.freeze_epochs: 1 freezes the backbone for the first epoch, then trains it (under
-    # fsdp with bf16 that unfreeze once failed: FSDP2 fixed its dtypes at the first forward)
+    # train.freeze_epochs: 1 freezes the backbone for the first epoch, then trains it (with
+    # sharded parameters and bf16, that unfreeze once failed)
     "freeze": [0, 1],
     # The one setting each resume changes: train.lr halved, train.amp off <-> bf16 (fp16 ->
     # bf16), train.channels_last flipped (refused on non-image inputs), run.seed (refused).

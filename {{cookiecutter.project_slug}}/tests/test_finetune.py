@@ -205,9 +205,9 @@ def test_two_ranks_freeze_and_unfreeze_in_step_with_one_process(tmp_path, dump_r
 
 
 def test_no_parameter_group_is_empty():
-    """A head of one weight without a bias (the language model's, tied to its embedding) left
-    an empty no-decay group, which torch.distributed.checkpoint drops under fsdp: the resume
-    then failed with KeyError: 'betas'."""
+    """A head of one weight without a bias (as one tied to an input embedding is) left
+    an empty no-decay group, whose settings torch.distributed.checkpoint drops: a sharded
+    run's resume then failed with KeyError: 'betas'."""
 
     class TiedHead(torch.nn.Module):
         def __init__(self):

@@ -97,7 +97,7 @@ def param_groups(model: nn.Module, cfg: TrainConfig, model_name: str) -> list[di
     for part, params, ratio in parts:
         for decay in (True, False):
             chosen = [p for p in params if (p.dim() >= 2) == decay]
-            if not chosen:  # a head of one weight (the LM's, tied): torch's distributed
+            if not chosen:  # a head of one weight, no bias (tied): torch's distributed
                 continue  # checkpoint drops an empty group's settings, and a resume failed
             wd = cfg.weight_decay if decay else 0.0
             group = {"params": chosen, "weight_decay": wd, "decay": decay, "part": part}

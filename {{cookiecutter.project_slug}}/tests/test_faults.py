@@ -3,6 +3,7 @@ checkpoints that do not fit, and fine-tuning from another run's weights."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -138,6 +139,10 @@ def test_a_sigterm_during_start_up_stops_cleanly(tiny):
     assert "Traceback" not in rest
     saved = checkpoint.load(out_dir(tiny) / "last.pt")  # complete: a resume continues it
     assert saved["progress"]["step"] == 1
+    # What made the run was recorded before its first step, whole, and the checkpoint keeps it.
+    record = json.loads((out_dir(tiny) / "run.json").read_text())
+    assert {"command", "code", "software", "machine", "launch", "data"} <= record.keys()
+    assert saved["meta"]["record"] == record
 
 
 def _mapped(pid: int) -> str:

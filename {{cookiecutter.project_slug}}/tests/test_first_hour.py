@@ -87,7 +87,7 @@ def test_the_summary_lists_curves_png_drawn_at_the_end_of_the_run(tiny, capsys, 
     fit(load_config(None, [*tiny, "train.epochs=1"]))  # shorter than REDRAW_EVERY_S
     out = capsys.readouterr().out
     folder = next(x for x in out.splitlines() if x.startswith("  run folder "))
-    files = "best.pt, config.yaml, curves.png, last.pt, metrics.csv, step-00000016.pt"
+    files = "best.pt, config.yaml, curves.png, last.pt, metrics.csv, run.json, step-00000016.pt"
     assert folder.endswith(f": {files}")
 
 

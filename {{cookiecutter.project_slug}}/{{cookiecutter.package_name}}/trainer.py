@@ -278,11 +278,11 @@ def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resu
 def open_run_folder(
     cfg: Config, ckpts: CheckpointManager, step: int, tracker_ids: dict | None = None
 ) -> MetricLogger:
-    """Rank 0 takes the run folder: lock, resolved config, and the logger from `step` on
-    (its trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
+    """Rank 0 takes the run folder: lock, config, run.json, the logger from `step` on (its
+    trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
     ckpts.open()
     log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids, ckpts.lost)
-    ckpts.write_config()
+    ckpts.write_config(), ckpts.write_record()  # run.json: what made the run
     return log
 
 

@@ -6,6 +6,7 @@ else; the tools (evaluate, predict, ...) read checkpoints with load().
     changed = ckpt.restore(state, trainee, progress, data)
     ckpt.open()                           # rank 0: the folder's lock, leftovers of a kill
     ckpt.write_config()                   # rank 0: config.yaml (a resume: at its first save)
+    ckpt.write_record()                   # rank 0: run.json, what made the run (provenance.py)
     ckpt.check_held()                     # the run folder is still this run's (every rank)
     ckpt.save(trainee, progress, extra, is_best, record)   # every epoch and at a stop
     ckpt.close()
@@ -26,6 +27,7 @@ from ..config import Config, save_config, to_dict
 from ..data import check_split
 from ..distributed import DistInfo
 from ..errors import CheckpointError
+from ..utils import provenance
 from ..utils.seed import rng_state
 from . import sharded  # feature: fsdp
 from .files import (
@@ -91,6 +93,7 @@ class CheckpointManager:
         self._config_due = False  # config.yaml waits for the first save of a resumed run
         self.resumed_from: str | None = None
         self.new_run = False  # continues another run's checkpoint as this new run
+        self.record: dict | None = None  # rank 0's run.json, kept in each checkpoint's meta
 
     @property
     def run_dir(self) -> Path:
@@ -163,6 +166,13 @@ class CheckpointManager:
             save_config(self.cfg, path)
             self._config_due = False
 
+    def write_record(self) -> None:
+        """Rank 0: run.json (and diff.patch), what made the run: code, software, machine,
+        launcher, data digests (utils/provenance.py)."""
+        record, diff = provenance.collect(self.cfg, to_dict(self.cfg), self.dist.world_size)
+        provenance.write(self.run_dir, record, diff)
+        self.record = record
+
     def check_held(self) -> None:
         """Every rank: stop with one line once rank 0's run folder is no longer the one it
         locked (removed, moved or replaced while the run trained): before each save (whose
@@ -195,6 +205,8 @@ class CheckpointManager:
                 self.dist.world_size,
                 shards,  # feature: fsdp
             )
+            if self.record is not None:
+                state["meta"]["record"] = self.record
             self.folder.save({**state, **extra}, progress.step, is_best, record)
             if self._config_due:
                 save_config(self.cfg, self.run_dir / "config.yaml")

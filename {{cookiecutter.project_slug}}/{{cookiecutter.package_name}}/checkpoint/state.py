@@ -5,8 +5,6 @@ or where they fit (train.init_from).
 
 from __future__ import annotations
 
-import functools
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -14,6 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..utils import provenance
 from ..utils.seed import set_rng_state
 from .files import load, model_weights
 
@@ -96,7 +95,7 @@ def training_state(
         "config": config,
         "meta": {
             "torch": str(torch.__version__),
-            "git_commit": _git_commit(),
+            "git_commit": provenance.git_commit(),
             "world_size": world_size,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
@@ -223,14 +222,3 @@ def _mismatches(own: dict, theirs: dict) -> str:
             more = f" and {len(items) - 3} more" if len(items) > 3 else ""
             parts.append(f"{label}: {', '.join(items[:3])}{more}")
     return "; ".join(parts)
-
-
-@functools.cache  # once per run: the code that runs is the code at start, and git costs ~5 ms
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None

@@ -31,6 +31,9 @@ class RunConfig:
     # <<< trackers
     loggers: list[Logger] = field(default_factory=lambda: ["csv", "tensorboard"])
     threads: int = 0  # torch CPU threads per process; 0 = auto (usable CPUs / local processes)
+    # run.json records a digest of each data file; of a folder (images), its listing's, or
+    # with hash_folders every file's bytes (slower at a folder's first run; then cached)
+    hash_folders: bool = False
 
 
 @dataclass

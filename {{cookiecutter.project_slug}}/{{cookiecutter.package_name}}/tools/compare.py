@@ -21,8 +21,10 @@ import yaml
 
 from ..config import from_dict
 from ..errors import UserError
+from ..utils import provenance
 from ..utils.plots import INSTALL_HINT, available, read_columns, save_figure, subplot_grid
 from . import cli, outputs
+from .reproduce import flat
 from .runs_table import best_value, markdown_table, runs_table
 
 # How a run was named or started, not how it trained: never listed as a difference.
@@ -136,7 +138,9 @@ def summarise(run: Path) -> dict:
     if math.isnan(elapsed):  # runs from before time/elapsed_s: training time only
         elapsed = math.fsum(v for v in columns.get("time/train_s", []) if not math.isnan(v))
     return {
-        "settings": _settings(config),
+        # What made each run beside its settings: a package or data file that differs
+        # between two runs matters as much as a learning rate.
+        "settings": {**_settings(config), **flat(provenance.read(run))},
         "columns": columns,
         "metric": metric,
         "best": best_value(run.parent, run.name, metric, runs_table(run.parent)),

@@ -80,7 +80,7 @@ def evaluate_checkpoint(
     from ..data import build_loader, close_loader
     from ..trainer import evaluate
     from . import report
-    from .inference import inference_amp, load_trained
+    from .inference import inference_amp, load_trained, say_drift
 
     if report_dir:  # before the evaluation: a refused folder costs nothing
         report.check_folder(Path(report_dir), path)
@@ -118,6 +118,7 @@ def evaluate_checkpoint(
             classes = trained.meta.get("classes") or trained.meta.get("labels")
             for line in report.write(Path(report_dir), metrics, collector, classes):
                 print(line)
+        say_drift(trained)
         return metrics if dist.is_main else None
     finally:
         if loader is not None:

@@ -42,6 +42,7 @@ from ..errors import UserError, first_line
 from . import cli, outputs
 from .formats import EXPORTERS, ExportError, quiet, run_artifact, write_bytes
 from .inference import Trained, load_trained, validation_inputs
+from .reproduce import trimmed
 from .serving import TOKENIZER_SUFFIX, Serving, contract, parity_inputs, serving_model  # feature: text
 from .serving import Serving, contract, parity_inputs, serving_model  # feature: !text
 
@@ -234,6 +235,7 @@ def _metadata(trained: Trained, fmt: str, path: Path, parity: dict) -> dict:
         **contract(trained),
         "parity": parity,
         "torch": str(torch.__version__),
+        "trained_from": trimmed(trained.record),  # the commit, config and data digests
     }
 
 

@@ -16,6 +16,8 @@ metrics that picked the model, and than evaluate.py. --amp (predict) or train.am
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -30,6 +32,7 @@ from ..models import architecture, build_model, example_of, model_io
 from ..tasks import frozen_task
 from ..trainer import build_data
 from ..utils.device import check_amp, resolve_device
+from .reproduce import drift
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Trained:
     io: dict  # models.model_io: input shape and dtype, output size
     path: str
     step: int | None = None  # the optimizer step it was saved at
+    record: dict | None = None  # what made the run (utils/provenance.py), when saved with it
 
     @property
     def classes(self) -> list[str] | None:
@@ -72,7 +76,17 @@ def load_trained(path: str, overrides: list[str] = ()) -> Trained:
     step = (
         state.get("progress", {}).get("step") if isinstance(state.get("progress"), dict) else None
     )
-    return Trained(model.eval(), cfg, meta, io, path, step)
+    meta_part = state.get("meta") if isinstance(state.get("meta"), dict) else {}
+    record = meta_part.get("record") if isinstance(meta_part.get("record"), dict) else None
+    return Trained(model.eval(), cfg, meta, io, path, step, record)
+
+
+def say_drift(trained: Trained) -> None:
+    """After a tool's work: one line on stderr (--json's stdout stays one line) when the
+    checkpoint was trained on other code or data than is here (reproduce.drift)."""
+    line = drift(trained.record, trained.cfg.run.output_dir)
+    if line and os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr)
 
 
 def validation_set(trained: Trained):

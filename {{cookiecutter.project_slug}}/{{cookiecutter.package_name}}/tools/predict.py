@@ -42,7 +42,7 @@ from ..utils import locks
 from ..utils.device import autocast
 from . import cli, outputs
 from .generate import check_sampling, generate  # feature: text
-from .inference import Trained, device_option, inference_amp, load_trained
+from .inference import Trained, device_option, inference_amp, load_trained, say_drift
 from .predict_inputs import check_inputs, read_csv
 
 __all__ = ["check_inputs", "check_options", "predict", "predict_main", "read_csv"]
@@ -142,6 +142,7 @@ def predict(
         locks.replace_text(Path(out), buffer.getvalue())
     else:
         sys.stdout.write(buffer.getvalue())
+    say_drift(trained)
     return {"rows": len(table), "accuracy": correct / labelled if labelled else None, "amp": amp}
 
 

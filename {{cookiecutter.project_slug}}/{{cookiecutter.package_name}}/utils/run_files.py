@@ -4,9 +4,9 @@ take them from here. Imports no torch: the tools read it at start-up.
 
 A run folder, <run.output_dir>/<run.name>/: the step checkpoints, last.pt and best.pt,
 under train.strategy=fsdp a shard folder beside each step file,  # feature: fsdp
-config.yaml, metrics.csv,
-curves.png, the trackers' folders and .lock. Its output folder (<run.output_dir>/) holds
-runs.csv and its lock. A tool that keeps a folder of its own adds its records to the lists
+config.yaml, run.json (and diff.patch), metrics.csv, curves.png, the trackers' folders and
+.lock. Its output folder (<run.output_dir>/) holds runs.csv and its lock, and .hashes.json
+(the data digests' cache). A tool that keeps a folder of its own adds its records to the lists
 at the end (PROTECTED and the others), so that no other tool writes over them.
 """
 
@@ -24,6 +24,8 @@ RUN_LOCK = ".lock"  # held by the process that trains the run
 CONFIG = "config.yaml"
 METRICS = "metrics.csv"
 CURVES = "curves.png"
+RECORD, PATCH = "run.json", "diff.patch"  # what made the run (utils/provenance.py)
+HASHES = ".hashes.json"  # the output folder's cache of data digests
 TRACKED_STEP = ".tracked_step"  # the last step given to the experiment trackers
 TRACKER_FOLDERS = ["tb"]  # TensorBoard's folder, and each tracker's local store:
 TRACKER_FOLDERS += ["wandb", "mlruns"]  # feature: trackers
@@ -38,7 +40,7 @@ DAMAGED = re.compile(r".+\.damaged(\.\d+)?")
 PROTECTED = [re.escape(RUN_LOCK), re.escape(RUNS_LOCK), DAMAGED.pattern]
 PROTECTED.append(r"events\.out\.tfevents\..*")  # TensorBoard's event files
 # Records with common names: refused inside a folder that holds a MARK (or a step file).
-RECORDS = [CONFIG, METRICS, RUNS, CURVES, TRACKED_STEP]
+RECORDS = [CONFIG, METRICS, RUNS, CURVES, TRACKED_STEP, RECORD, PATCH, HASHES]
 # Folders all of whose content is the run's (or its tool's).
 OWNED_FOLDERS = list(TRACKER_FOLDERS)
 # A folder holding one of these is a run folder (config.yaml, .lock) or an output folder.

@@ -19,6 +19,7 @@ import torch
 from conftest import ROOT, TINY
 from torch import nn
 
+from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools import export, formats
@@ -57,6 +58,10 @@ def test_each_format_loads_back_and_matches_the_model(best, fmt, tmp_path):
     assert meta["classes"] == [f"angle_{c}" for c in range(4)]
     assert meta["input"]["units"].startswith("the values of the training data's x")
     assert meta["output"]["classes"] == meta["classes"] and meta["files"] == [out.name]
+    # What a serving team needs of the run's record: the same as the checkpoint's.
+    record = checkpoint.load(best)["meta"]["record"]
+    assert meta["trained_from"]["config_sha256"] == record["config_sha256"]
+    assert meta["trained_from"]["commit"] == record["code"]["commit"]
     parity = meta["parity"]
     assert parity["passed"] and parity["inputs"] == "validation" and parity["samples"] == 64
     # Another batch size than the one exported with: the batch dimension is dynamic.

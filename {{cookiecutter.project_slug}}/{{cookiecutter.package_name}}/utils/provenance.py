@@ -17,9 +17,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from .locks import replace_text
@@ -27,10 +29,10 @@ from .run_files import HASHES, PATCH, RECORD
 
 PATCH_CAP = 2_000_000  # bytes of uncommitted diff kept; a larger one is named, not saved
 UNTRACKED_SHOWN = 50  # untracked files listed (by name; never copied)
-# The packages a run's numbers depend on (the core, then extras where installed), and the
+# The project's dependencies (pyproject.toml's, its extras too) where it can be read, and the
 # files that pin them.
-PACKAGES = ("torch", "numpy", "pyyaml", "tqdm", "tensorboard", "torchvision", "timm")
-PACKAGES += ("transformers", "tokenizers", "safetensors", "onnx", "onnxruntime", "optuna")
+PROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+CORE = ("torch", "numpy", "pyyaml", "tqdm", "tensorboard")
 PINS = ("uv.lock", "requirements.txt", "environment.yml", "pyproject.toml")
 LAUNCHER_VARS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_NNODES", "LOCAL_WORLD_SIZE")
 
@@ -112,7 +114,7 @@ def software() -> dict:
     import torch  # here: compare_runs.py reads records without it
 
     versions = {}
-    for name in PACKAGES:
+    for name in packages():
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -127,6 +129,19 @@ def software() -> dict:
         "packages": versions,
         "pins_sha256": pins,
     }
+
+
+def packages() -> list[str]:
+    """The names of the project's dependencies and its extras' (not dev's tools)."""
+    try:
+        project = tomllib.loads(PROJECT.read_text(encoding="utf-8"))["project"]
+    except (OSError, ValueError, KeyError):
+        return list(CORE)
+    extras = project.get("optional-dependencies", {})
+    wanted = [*project.get("dependencies", [])]
+    wanted += [req for name, reqs in extras.items() if name != "dev" for req in reqs]
+    names = [re.match(r"[A-Za-z0-9._-]*", req).group() for req in wanted]
+    return list(dict.fromkeys(name.lower() for name in names if name))
 
 
 def machine() -> dict:

@@ -132,6 +132,7 @@ FEATURES = {
         "scripts/gpu_checks",
         "scripts/benchmark_gpu.py",
         "tests/test_gpu_check.py",
+        "tests/test_gpu_check_quick.py",
         "tests/test_benchmark_gpu.py",
         "docs/gpu-check.md",
     ),

@@ -6,13 +6,18 @@ against the ceiling, then a pass/fail table and (with --json) a report.
     python scripts/gpu_check.py --only resume,ddp --keep --timeout 900
     python scripts/gpu_check.py --json r.json --resume   # rerun what did not pass in r.json
     python scripts/gpu_check.py --allow-cpu      # no GPU: the checks that run on CPU
+    python scripts/gpu_check.py --quick          # six checks, ~4 minutes: make gpu-check-quick
+    python scripts/gpu_check.py --group 2        # one group of the default run (--list)
+    python scripts/gpu_check.py --quick --export-goldens goldens.json   # later: --goldens
 
 Each check runs the project's own commands (scripts/*.py, pytest, torchrun) on tiny settings in
 a temporary folder (kept with --keep), or measures in a child interpreter of its own; on one
 GPU two ranks share it over gloo. A check passes, fails (one line of detail, the end of its
 output, the command that reproduces it) or skips; a speed or a numeric tolerance missed fails
-its check. A last row fails if any run printed a warning. SIGTERM or Ctrl-C stops the check
-and its processes, writes the report so far and exits 75 (rerun with --resume). Exit codes:
+its check. A last row fails if any run printed a warning. The output ends with a block a
+script greps (`---`, then `checks_passed: N/M`, `seconds`, `peak_vram_mb`, `mfu_percent`,
+`trainer_vs_loop`, `device`, `torch`, `cuda`). SIGTERM or Ctrl-C stops the check and its
+processes, writes the report so far and exits 75 (rerun with --resume). Exit codes:
 0 no check failed, 1 a check failed, 2 no CUDA GPU (without --allow-cpu) or bad arguments,
 3 checks left out by --budget (or stopped by its end), 75 stopped.
 """
@@ -30,18 +35,19 @@ import time
 import traceback
 from pathlib import Path
 
+STARTED = time.monotonic()  # the block's seconds count the script's own start (torch, CUDA)
 ROOT = Path(__file__).resolve().parents[1]
 # This tree's package, installed or not: the check proves the tree it is in.
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import torch  # noqa: E402
-from gpu_checks import report  # noqa: E402
+from gpu_checks import goldens, registry, report  # noqa: E402
 from gpu_checks.common import Check, Failed, Machine, OutOfBudget, Skipped  # noqa: E402
-from gpu_checks.registry import CHECKS, expected_seconds  # noqa: E402
+from gpu_checks.registry import CHECKS, QUICK, expected_seconds  # noqa: E402
 
 from {{ cookiecutter.package_name }}.tools.cli import Parser  # noqa: E402
 
-SPECS = {spec.name: spec for spec in CHECKS}
+SPECS = {spec.name: spec for spec in (*QUICK, *CHECKS)}
 CPU_SLOWER = 5  # a check's time limit on the CPU, against its limit on a GPU
 
 
@@ -127,6 +133,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="seconds for the whole run: checks that would start later are left out, one "
         "still running at its end is stopped; both not run (exit 3, rerun with --resume)",
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="the quick set: six checks, ~4 minutes on an H200"
+    )
+    parser.add_argument("--group", metavar="N|NAME", help="one group of the default run (--list)")
     parser.add_argument("--allow-cpu", action="store_true", help="without a GPU, run on CPU")
     parser.add_argument("--json", metavar="FILE", help="write the report here (after each check)")
     parser.add_argument(
@@ -134,25 +144,60 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="with --json: keep the checks that passed or skipped in FILE, run the others",
     )
+    parser.add_argument(
+        "--export-goldens",
+        metavar="FILE",
+        help="write quick_trace's per-step losses to FILE under this GPU, torch and CUDA",
+    )
+    parser.add_argument(
+        "--goldens",
+        metavar="FILE",
+        help="compare quick_trace's losses with FILE's golden of this GPU, torch and CUDA "
+        "(a file without one is reported, not failed)",
+    )
     for hidden in ("--worker", "--result", "--workdir"):  # how a check runs in a child
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.names = chosen(args, parser)
+    if args.resume and not (args.json and Path(args.json).is_file()):
+        parser.error("--resume needs --json FILE naming an earlier report")
+    if (args.goldens or args.export_goldens) and goldens.SOURCE not in args.names:
+        parser.error(f"goldens hold {goldens.SOURCE}'s losses: add --quick (or --only it)")
+    args.golden_data = goldens.read(args.goldens) if args.goldens else None
+    if isinstance(args.golden_data, str):
+        parser.error(f"{args.golden_data}; --export-goldens FILE writes one")
+    return args
+
+
+def chosen(args, parser) -> list[str]:
+    """The checks to run: --only's, --quick's, --group's (one of them) or the default run."""
+    given = [f"--{k}" for k in ("only", "quick", "group") if getattr(args, k)]
+    if len(given) > 1:
+        parser.error(f"{given[0]} and {given[1]} both choose the checks: give one of them")
+    if args.quick:
+        return [spec.name for spec in QUICK]
+    if args.group:
+        names = registry.group(args.group)
+        if names is None:
+            known = ", ".join(f"{i} {name}" for i, name in enumerate(registry.GROUPS, 1))
+            parser.error(f"unknown group {args.group!r}; the groups: {known}")
+        return names
     default = [s.name for s in CHECKS if s.default]
-    args.names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else default
-    unknown = [n for n in args.names if n not in SPECS]
-    if unknown or not args.names:
+    names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else default
+    unknown = [n for n in names if n not in SPECS]
+    if unknown or not names:
         parser.error(
             f"unknown check {unknown[0] if unknown else ''!r}; the checks: {', '.join(SPECS)}"
         )
-    if args.resume and not (args.json and Path(args.json).is_file()):
-        parser.error("--resume needs --json FILE naming an earlier report")
-    return args
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.list:
-        print(report.listing(CHECKS, expected_seconds(CHECKS)))
+        sets = registry.sets()  # the last: the checks in no group, minutes, run apart
+        estimates = {title: registry.estimate(sets[title]) for title in list(sets)[:-1]}
+        print(report.listing(sets, estimates, expected_seconds(CHECKS)))
         return 0
     machine = find_machine()
     if isinstance(machine, str):
@@ -202,10 +247,17 @@ def run_all(args, machine: Machine) -> int:
             signal.signal(sig, handler)
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    final = report.write(args.json, machine, results, start, stopped)
+    if args.goldens and not stopped:
+        results.append(goldens.compared(args.goldens, args.golden_data, machine, results))
+    found = report.build(machine, results, start, stopped)
+    block = report.block(found, machine, time.monotonic() - STARTED)
+    final = report.write(args.json, machine, results, start, stopped, block=block)
     print(f"\n{report.table(final)}\n")
     kept_note = f"; outputs kept in {workdir}" if args.keep else ""
     print(f"{report.summary_line(final, time.monotonic() - start)}{kept_note}")
+    if args.export_goldens and not stopped:
+        print(goldens.export(args.export_goldens, machine, results))
+    print(report.block_text(block))
     return report.exit_code(final)
 
 

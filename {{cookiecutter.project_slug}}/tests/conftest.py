@@ -164,8 +164,10 @@ def stop_after(monkeypatch, step: int) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch):
-    # Tests run training in-process; a torchrun environment leaking in would make it distributed.
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    # Tests run training in-process; a torchrun environment leaking in would make it distributed,
+    # and $SMOKE_OVERRIDES (docs/testing.md) would override the sizes each test chose.
+    torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    for var in (*torchrun, "SMOKE_OVERRIDES"):
         monkeypatch.delenv(var, raising=False)
     torch.use_deterministic_algorithms(False)
 

@@ -48,11 +48,26 @@ def table(stdout: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
+def summary(stdout: str) -> str:
+    """The summary line: the last before the block that ends the output (after `---`)."""
+    lines = stdout.splitlines()
+    return lines[lines.index("---") - 1]
+
+
 def test_list_names_every_check_in_order_with_what_it_covers(capsys):
+    """The quick set, then the default run's checks group by group, then the rest: each
+    check once, in the order it runs, on a line of its own with its covers line under it."""
     assert gpu_check.main(["--list"]) == 0
     *lines, estimate = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines[::2]] == [s.name for s in registry.CHECKS]
-    assert all(line.split()[0] == "covers:" for line in lines[1::2])
+    listed = [line for line in lines if line.startswith("  ")]
+    names = [line.split()[0] for line in listed[::2]]
+    assert all(line.split()[0] == "covers:" for line in listed[1::2])
+    assert names[: len(registry.QUICK)] == [s.name for s in registry.QUICK]
+    order = [s.name for s in registry.CHECKS]
+    for group in range(1, len(registry.GROUPS) + 1):
+        members = registry.group(str(group))
+        assert members == sorted(members, key=order.index)
+    assert sorted(names[len(registry.QUICK) :]) == sorted(order)
     assert estimate.startswith("A default run takes about")
 
 
@@ -298,7 +313,7 @@ def test_each_outcome_reaches_the_table_and_the_report(monkeypatch, capsys, tmp_
     assert rows["skips"] == ("skip", "not here")
     assert rows["no_warnings"][0] == "FAIL" and "UserWarning: careful" in rows["no_warnings"][1]
     assert "    | boom" in out  # a failure shows the end of its output
-    assert out.splitlines()[-1].startswith("gpu check: 2 passed, 3 failed, 1 skipped in ")
+    assert summary(out).startswith("gpu check: 2 passed, 3 failed, 1 skipped in ")
     report = json.loads(path.read_text())
     assert report["machine"]["device"] == "cpu" and report["versions"]["torch"]
     assert report["summary"] == {"pass": 2, "FAIL": 3, "skip": 1, "stopped": 0, "not run": 0}
@@ -379,7 +394,7 @@ def test_sigterm_stops_the_check_and_its_processes_and_writes_the_report(
     statuses = [c["status"] for c in report["checks"]]
     assert statuses == ["pass", "stopped", "not run", "pass"]  # the last: no_warnings
     assert report["stopped"] == "SIGTERM" and not report["complete"]
-    assert "rerun with --json FILE --resume" in capsys.readouterr().out.splitlines()[-1]
+    assert "rerun with --json FILE --resume" in summary(capsys.readouterr().out)
 
 
 def test_the_combinations_check_runs_the_suite_on_the_gpu_ranks_sharing_it(tmp_path):

@@ -334,6 +334,23 @@ def test_each_script_shows_overrides_that_mean_something_to_it(main, example, ca
         assert "train.epochs" not in help_text
 
 
+def test_smoke_overrides_come_after_the_command_line_and_say_so(monkeypatch, capsys):
+    """$SMOKE_OVERRIDES (docs/testing.md): how the documented commands run, as written, at
+    smoke sizes; split as a shell splits it, over the command line's, one line on rank 0."""
+    from {{ cookiecutter.package_name }}.tools.cli import smoke_overrides
+
+    monkeypatch.setenv("SMOKE_OVERRIDES", "train.max_steps=3 'run.loggers=[csv]'")
+    assert train_main(["--show-config", "train.max_steps=50", "train.epochs=4"]) == 0
+    shown = capsys.readouterr()
+    assert "\n  max_steps: 3  #" in shown.out and "\n  epochs: 4" in shown.out
+    assert "  loggers: [csv]  #" in shown.out
+    line = "SMOKE_OVERRIDES: train.max_steps=3 run.loggers=[csv] (after the command line's)\n"
+    assert shown.err == line
+    monkeypatch.setenv("RANK", "1")  # another rank of a torchrun: the same overrides, silently
+    assert smoke_overrides() == ["train.max_steps=3", "run.loggers=[csv]"]
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.slow
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny):
     x, y = torch.randn(64, 3, 8, 8), torch.arange(64) % 4

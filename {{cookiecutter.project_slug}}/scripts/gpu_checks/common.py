@@ -238,6 +238,52 @@ def distance(a: dict, b: dict) -> float:
     return diff / max(sum(b[k].double().abs().sum().item() for k in keys), 1e-12)
 
 
+def flat(state, prefix: str = "") -> dict:
+    """A checkpoint's nested dicts and lists as {"optimizer.state.0.exp_avg": value}."""
+    if isinstance(state, dict):
+        items = state.items()
+    elif isinstance(state, (list, tuple)):
+        items = enumerate(state)
+    else:
+        return {prefix: state}
+    named = ((f"{prefix}.{key}" if prefix else str(key), value) for key, value in items)
+    return {k: v for name, value in named for k, v in flat(value, name).items()}
+
+
+def compare_states(a: dict, b: dict, parts: tuple[str, ...]) -> int:
+    """How many entries of `parts` ("model", "optimizer") two checkpoints hold, all bitwise
+    equal (tensors by torch.equal, with their dtypes; other values by ==); Failed naming how
+    many differ and the first."""
+    left = flat({p: a[p] for p in parts})
+    right = flat({p: b[p] for p in parts})
+    differ = [k for k in left if k not in right or not same(left[k], right[k])]
+    differ += [k for k in right if k not in left]
+    if differ:
+        k = differ[0]
+        gap = "in one of them only"
+        if k in left and k in right:
+            x, y = left[k], right[k]
+            tensors = torch.is_tensor(x) and torch.is_tensor(y)
+            gap = tensor_gap(x, y) if tensors else f"{x!r} against {y!r}"
+        what = " and ".join(parts)
+        raise Failed(f"{len(differ)}/{len(left)} entries of {what} differ (first {k}: {gap})")
+    return len(left)
+
+
+def same(x, y) -> bool:
+    if torch.is_tensor(x) or torch.is_tensor(y):
+        tensors = torch.is_tensor(x) and torch.is_tensor(y)
+        return tensors and x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+    return x == y
+
+
+def tensor_gap(x: torch.Tensor, y: torch.Tensor) -> str:
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return f"{x.dtype} {tuple(x.shape)} against {y.dtype} {tuple(y.shape)}"
+    gap = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
+    return f"max |diff| {gap:.1e}"
+
+
 def last_epoch_line(output: str) -> str:
     epochs = [line for line in output.splitlines() if line.startswith("epoch ")]
     return epochs[-1].split(" | lr")[0] if epochs else "no epoch line"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import statistics
 import sys
 import warnings
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }} import distributed, loop
+from {{ cookiecutter.package_name }} import distributed, loop, parallel
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.trainer import fit
 from {{ cookiecutter.package_name }}.utils import device as devices
@@ -44,65 +45,126 @@ SYNCBN_TOLERANCE = 1e-5  # max |diff| relative to the largest value: fp32 roundi
 
 
 def trace(c: Check, name: str, device: str, *more: str) -> dict:
-    """fit() of the TRACE run `name` on `device`: its per-step losses, final validation loss
-    and last.pt."""
+    """fit() of the TRACE run `name` on `device`: its per-step losses, final validation loss,
+    last.pt and the gradients of its last step (as the optimizer took them: clipped)."""
     losses: list[float] = []
-    read = loop.read_losses
+    grads: list[torch.Tensor] = []
+    read, clip = loop.read_losses, parallel.clip_grad_norm_
 
     def recording(run, *args):
         mean, stop = read(run, *args)
         losses.append(mean)  # one step per read: run.log_every=1
         return mean, stop
 
+    def clipping(params, max_norm):
+        norm = clip(params, max_norm)
+        grads[:] = [p.grad.detach().clone() for p in params if p.grad is not None]
+        return norm
+
     runs = c.workdir / "runs"
     overrides = [*TRACE, f"run.device={device}", f"run.output_dir={runs}", f"run.name={name}"]
-    loop.read_losses = recording
+    loop.read_losses, parallel.clip_grad_norm_ = recording, clipping
     try:
         result = fit(load_config(None, [*overrides, *more]))
     finally:
-        loop.read_losses = read
-    return {"losses": losses, "val": result["metrics"]["loss"], "state": load_last(runs / name)}
+        loop.read_losses, parallel.clip_grad_norm_ = read, clip
+    state = load_last(runs / name)
+    return {"losses": losses, "val": result["metrics"]["loss"], "state": state, "grads": grads}
 
 
 def check_numerics(c: Check) -> str:
     """fp32 loss trace, CPU against CUDA (32 steps, deterministic, TF32 off); bf16 and fp16
     against fp32 after those steps (fp16 saving its GradScaler, bf16 none); TF32 on and off as
     train.tf32 sets it. Without a GPU the second trace runs on 2 CPU threads, 16 steps."""
+    short = short_on_cpu(c)
+    fp32, line = cpu_against_here(c, *short)
+    return "; ".join([line, *amp_runs(c, fp32, *short), tf32_flags(c)])
+
+
+def short_on_cpu(c: Check) -> list[str]:
+    """Without a GPU, one epoch (16 steps): the test suite runs the checks there, for their
+    code."""
+    return ["train.epochs=1"] if c.machine.device == "cpu" else []
+
+
+def cpu_against_here(c: Check, *more: str) -> tuple[dict, str]:
+    """The TRACE run on the CPU (1 thread, the oracle) and on this device, compared step by
+    step (compare_trace): (this device's run, a detail line). Without a GPU there is no CUDA
+    to compare: the second run is on 2 CPU threads, which proves the comparison's code only."""
     device = c.machine.device
-    # Without a GPU, one epoch: the test suite runs this, for its code.
-    short = ["train.epochs=1"] if device == "cpu" else []
-    reference = trace(c, "fp32_cpu", "cpu", "run.threads=1", *short)
-    fp32 = trace(c, "fp32", device, *(["run.threads=2", *short] if device == "cpu" else []))
-    pairs = zip(reference["losses"], fp32["losses"], strict=True)
-    gap = max(abs(a - b) for a, b in pairs)
-    steps = len(fp32["losses"])
-    c.figures.update(trace_steps=steps, trace_cpu=reference["losses"], trace_device=fp32["losses"])
-    c.target(f"fp32 loss trace CPU vs {device}, max |diff|", gap, TRACE_TOLERANCE, True, True)
-    done = [f"fp32 trace cpu vs {device}: max |diff| {gap:.1e} over {steps} steps"]
+    reference = trace(c, "fp32_cpu", "cpu", "run.threads=1", *more)
+    here = ["run.threads=2"] if device == "cpu" else []
+    other = trace(c, "fp32", device, *here, *more)
+    steps = len(other["losses"])
+    c.figures.update(trace_steps=steps, trace_cpu=reference["losses"])
+    c.figures["trace_device"] = other["losses"]  # what --export-goldens writes
+    c.figures["trace_settings"] = [*TRACE, f"run.device={device}", *here, *more]
+    gap = compare_trace(c, reference["losses"], other["losses"], f"CPU vs {device}")
+    line = f"fp32 trace cpu vs {device}: max |diff| {gap:.1e} over {steps} steps"
+    return other, line + (" (no GPU: 1 CPU thread against 2)" if device == "cpu" else "")
+
+
+def amp_runs(c: Check, fp32: dict, *more: str) -> list[str]:
+    """bf16 (where native) and fp16 (on CUDA) against the fp32 run `fp32`: a line each."""
+    done = []
     for amp in ("bf16", "fp16"):
-        if amp == "fp16" and device != "cuda":
+        if amp == "fp16" and c.machine.device != "cuda":
             done.append("fp16: CUDA only")
         elif amp == "bf16" and not c.machine.native_bf16:
             done.append("bf16: not native here")
         else:
-            done.append(mixed_precision(c, amp, fp32, *short))
-    return "; ".join([*done, tf32_flags(c)])
+            done.append(mixed_precision(c, amp, fp32, *more))
+    return done
+
+
+def compare_trace(c: Check, reference: list[float], other: list[float], what: str) -> float:
+    """The largest |diff| of two per-step loss traces (`what` names them: "CPU vs cuda"), a
+    target judged on every device; Failed naming the first step off by more than
+    TRACE_TOLERANCE, or if the traces differ in length or hold a loss that is not finite."""
+    if len(reference) != len(other) or not reference:
+        raise Failed(f"fp32 loss trace {what}: {len(reference)} against {len(other)} steps")
+    gaps = [abs(a - b) for a, b in zip(reference, other, strict=True)]
+    gap = max(gaps) if all(math.isfinite(g) for g in gaps) else math.inf
+    c.target(f"fp32 loss trace {what}, max |diff|", gap, TRACE_TOLERANCE, True, True)
+    if not gap <= TRACE_TOLERANCE:
+        i = next(i for i, g in enumerate(gaps) if not g <= TRACE_TOLERANCE)
+        raise Failed(
+            f"fp32 loss trace {what}: step {i + 1} {reference[i]:.6f} vs {other[i]:.6f} "
+            f"(|diff| {gaps[i]:.1e}, at most {TRACE_TOLERANCE:g})"
+        )
+    return gap
 
 
 def mixed_precision(c: Check, amp: str, fp32: dict, *more: str) -> str:
-    """The `amp` run against `fp32`: final train and validation losses within AMP_TOLERANCE;
-    a GradScaler state with fp16 only."""
+    """The `amp` run against `fp32`: final train and validation losses within AMP_TOLERANCE
+    (judge_amp); a GradScaler state with fp16 only."""
     run = trace(c, amp, c.machine.device, f"train.amp={amp}", *more)
-    end = abs(statistics.mean(run["losses"][-4:]) - statistics.mean(fp32["losses"][-4:]))
-    val = abs(run["val"] - fp32["val"])
-    c.figures[f"{amp}_train_loss_diff"], c.figures[f"{amp}_val_loss_diff"] = end, val
-    c.target(f"{amp} vs fp32, |last 4 train losses diff|", end, AMP_TOLERANCE, True, True)
-    c.target(f"{amp} vs fp32, |val loss diff|", val, AMP_TOLERANCE, True, True)
+    end, val = judge_amp(c, amp, fp32, run)
     scaler = run["state"]["scaler"]
     if bool(scaler) != (amp == "fp16"):
         raise Failed(f"GradScaler {'on' if scaler else 'off'} with train.amp={amp}")
     scale = f", loss scale {scaler['scale']:g}" if scaler else ""
     return f"{amp}: final loss {end:.1e} from fp32's, val {val:.1e}{scale}"
+
+
+def judge_amp(c: Check, amp: str, fp32: dict, run: dict) -> tuple[float, float]:
+    """(|diff| of the mean of the last 4 train losses, |diff| of the validation loss) of the
+    `amp` run against fp32's, each a target; Failed if a loss is not finite or a difference
+    is over AMP_TOLERANCE."""
+    losses = [*run["losses"], run["val"]]
+    if not losses[:-1] or not all(math.isfinite(x) for x in losses):
+        raise Failed(f"{amp}: a loss is not finite (or none was read): {losses[-5:]}")
+    end = abs(statistics.mean(run["losses"][-4:]) - statistics.mean(fp32["losses"][-4:]))
+    val = abs(run["val"] - fp32["val"])
+    c.figures[f"{amp}_train_loss_diff"], c.figures[f"{amp}_val_loss_diff"] = end, val
+    c.target(f"{amp} vs fp32, |last 4 train losses diff|", end, AMP_TOLERANCE, True, True)
+    c.target(f"{amp} vs fp32, |val loss diff|", val, AMP_TOLERANCE, True, True)
+    if not max(end, val) <= AMP_TOLERANCE:
+        raise Failed(
+            f"{amp} ends {end:.2e} (train) and {val:.2e} (val) from fp32's loss: over "
+            f"{AMP_TOLERANCE:g}"
+        )
+    return end, val
 
 
 def tf32_flags(c: Check) -> str:

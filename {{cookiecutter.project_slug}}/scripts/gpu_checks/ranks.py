@@ -9,27 +9,54 @@ each, as in production."""
 
 from __future__ import annotations
 
-# >>> fsdp
-import csv
-import shlex
+import csv  # feature: fsdp
+import json
+import shlex  # feature: fsdp
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import consolidate
+from {{ cookiecutter.package_name }}.checkpoint import consolidate  # feature: fsdp
 
 from .common import TORCHRUN, Check, Failed, Skipped, distance, last_epoch_line, load_last
-# <<< fsdp
-from .common import TORCHRUN, Check, Failed, Skipped, last_epoch_line, load_last  # feature: !fsdp
 from .paths import COMPILE_ON_CPU, long_run, stop_and_resume
+from .quick import note_peak
 
-# >>> fsdp
-# fsdp against ddp: the same seed, fp32 (no TF32), deterministic kernels, no dropout, so that
-# only the order of the gradient reductions differs (reduce-scatter and the sharded gradient
-# norm vs all-reduce). Measured on 2 CPU ranks, 64 steps: 1e-7 apart; with gradients summed
-# instead of averaged (the gloo bug of pytorch#162338), 2e-2.
+# Runs whose numbers two ranks must reproduce: the same seed, fp32 (no TF32), deterministic
+# kernels, no dropout, so that only the order of the reductions differs.
 SAME_NUMBERS = ["run.deterministic=true", "train.tf32=false", "model.dropout=0"]
+# >>> fsdp
+# fsdp against ddp: reduce-scatter and the sharded gradient norm vs all-reduce. Measured on 2
+# CPU ranks, 64 steps: 1e-7 apart; with gradients summed instead of averaged (the gloo bug of
+# pytorch#162338), 2e-2.
 FSDP_TOLERANCE = 1e-4  # relative distance (common.distance) of the final weights
 # <<< fsdp
+# The quick check's two ranks against one process with their global batch: the MLP, as
+# BatchNorm's statistics are each rank's own. Measured on the CPU (2 ranks, 32 steps): step
+# 1's loss equal, the weights 1e-7 apart; gradients summed instead of averaged: 1e-2.
+QUICK_RANKS = ["model.name=mlp", "run.log_every=1", *SAME_NUMBERS]
+STEP1_TOLERANCE = 1e-6  # |diff| of step 1's loss (the mean over ranks): fp32 rounding
+RANKS_TOLERANCE = 1e-4  # relative distance of the final weights
+STRATEGIES = ("ddp", "fsdp")  # feature: fsdp
+STRATEGIES = ("ddp",)  # feature: !fsdp
+QUICK_COVERS = ("gloo_on_cuda", *STRATEGIES)  # its CUDA paths (registry.CUDA_PATHS)
+# scripts/train.py that writes, on rank 0, each step's loss (the mean over the ranks, as
+# loop.read_losses returns it; one step a read with run.log_every=1) to argv[1].
+RECORDING_TRAIN = """\
+import json, os, sys
+from pathlib import Path
+from {{ cookiecutter.package_name }} import loop
+from {{ cookiecutter.package_name }}.tools.train import train_main
+losses, read = [], loop.read_losses
+def read_losses(run, *args):
+    mean, stop = read(run, *args)
+    losses.append(mean)
+    return mean, stop
+loop.read_losses = read_losses
+code = train_main(sys.argv[2:])
+if os.environ.get("RANK", "0") == "0":
+    Path(sys.argv[1]).write_text(json.dumps(losses))
+raise SystemExit(code)
+"""
 
 
 def over(c: Check, ranks: int) -> str:
@@ -198,3 +225,55 @@ def check_syncbn(c: Check) -> str:
     from .numerics import judge_syncbn
 
     return judge_syncbn(c, result)
+
+
+def check_quick_ranks(c: Check) -> str:
+    """Two ranks sharing the GPU over gloo (with 2+ GPUs: NCCL, one each), 16 samples each,
+    against one process with the whole batch of 32 (the MLP, fp32, deterministic, 32 steps):
+    step 1's loss within 1e-6, the final weights within 1e-4 (relative distance), under ddp  # feature: fsdp
+    and under fsdp."""  # feature: fsdp
+    step 1's loss within 1e-6, the final weights within 1e-4 (relative distance), under ddp."""  # feature: !fsdp
+    script = c.workdir / "record_losses.py"
+    script.write_text(RECORDING_TRAIN)
+    one = ranked_run(c, script, "one", 1, "train.batch_size=32")
+    done = []
+    for strategy in STRATEGIES:
+        options = ("train.batch_size=16", f"train.strategy={strategy}")
+        done.append(compare_ranks(c, strategy, one, ranked_run(c, script, strategy, 2, *options)))
+    note_peak(c)
+    return f"{over(c, 2)} against one process: {'; '.join(done)}"
+
+
+def ranked_run(c: Check, script, run: str, ranks: int, *more: str) -> dict:
+    """`script` (RECORDING_TRAIN) on `ranks` ranks as run `run`: its losses, final weights."""
+    launch, env = c.launch(ranks)
+    losses = c.workdir / f"{run}.json"
+    args = c.overrides(run, *QUICK_RANKS, *more)
+    c.run(*launch[:-1], str(script), str(losses), *args, env=env)  # launch[-1]: train.py
+    last = c.run_dir(run) / "last.pt"
+    last = consolidate(last) if run == "fsdp" else last  # its shards as one model  # feature: fsdp
+    model = torch.load(last, map_location="cpu", weights_only=True)["model"]
+    return {"losses": json.loads(losses.read_text()), "model": model}
+
+
+def compare_ranks(c: Check, name: str, one: dict, ranks: dict) -> str:
+    """Run `ranks` (two ranks) against `one` (one process, the same global batch): step 1's
+    loss and the final weights, each a target; Failed if either is out of its tolerance."""
+    if len(ranks["losses"]) != len(one["losses"]) or not one["losses"]:
+        raise Failed(f"{name}: {len(ranks['losses'])} steps on 2 ranks, {len(one['losses'])} on 1")
+    step1 = abs(ranks["losses"][0] - one["losses"][0])
+    apart = distance(ranks["model"], one["model"])
+    steps = len(one["losses"])
+    c.target(f"{name}, 2 ranks vs 1: step-1 loss |diff|", step1, STEP1_TOLERANCE, True, True)
+    c.target(f"{name}, 2 ranks vs 1: final weights", apart, RANKS_TOLERANCE, True, True)
+    if not step1 <= STEP1_TOLERANCE:
+        raise Failed(
+            f"{name}: step 1's loss is {ranks['losses'][0]:.7f} on 2 ranks, "
+            f"{one['losses'][0]:.7f} on one process with their batch (at most {STEP1_TOLERANCE:g})"
+        )
+    if not apart <= RANKS_TOLERANCE:
+        raise Failed(
+            f"{name}: after {steps} steps the 2 ranks' weights are {apart:.1e} from one "
+            f"process's (relative; at most {RANKS_TOLERANCE:g}): their gradients differ"
+        )
+    return f"{name} step-1 loss {step1:.0e} apart, weights {apart:.0e} after {steps} steps"

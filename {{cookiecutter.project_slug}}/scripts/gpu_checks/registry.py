@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import numerics, paths, pretrained, ranks, speed  # feature: pretrained
-from . import numerics, paths, ranks, speed  # feature: !pretrained
+from . import numerics, paths, pretrained, quick, ranks, speed  # feature: pretrained
+from . import numerics, paths, quick, ranks, speed  # feature: !pretrained
 from .common import Check
 
 
@@ -132,6 +132,63 @@ CHECKS = (
     # <<< pretrained
     Spec("combinations", paths.check_combinations, ("fp16",), 3600, default=False),
 )
+
+
+# The quick check (--quick): six checks for one short GPU window, at most 240 s on one H200
+# with the script's own start (quick.py says what each proves). Not in the default run, whose
+# checks prove the same and more at larger sizes.
+QUICK = (
+    Spec("quick_trace", quick.check_quick_trace, ("device", "deterministic"), 60, True, False),
+    Spec("quick_twice", quick.check_quick_twice, ("deterministic", "rng"), 60, True, False),
+    Spec("quick_resume", quick.check_quick_resume, ("rng", "deterministic"), 90, False, False),
+    Spec("quick_amp", quick.check_quick_amp, ("bf16", "fp16"), 60, True, False),
+    Spec("quick_ranks", ranks.check_quick_ranks, ranks.QUICK_COVERS, 120, False, False),
+    Spec("quick_speed", speed.check_quick_speed, ("pinned", "bf16", "memory"), 120, True, False),
+)
+# The default run in groups (--group N or NAME), each for one call of at most 9 minutes
+# (--list prints their estimates), in the order worth running them: numbers first, then
+# several ranks, then compile and what builds on it.
+GROUPS = {
+    "numbers": ["default_run", "numerics", "speed_cnn", "speed_lm", "resume", "smoke"],
+    "ranks": ["ddp", "syncbn", "distributed", "preemption", "channels_last", "init_from"],
+    "compile": ["tests", "compile", "compile_ddp"],
+}
+GROUPS["ranks"] += ["fsdp", "cpu_offload", "fsdp_bf16"]  # feature: fsdp
+GROUPS["compile"] += ["compile_fsdp"]  # feature: fsdp
+GROUPS["compile"] += ["sweep_gpus"]  # feature: sweeps
+GROUPS["compile"] += ["pretrained"]  # feature: pretrained
+START_SECONDS = 10  # scripts/gpu_check.py's own start: Python, torch, CUDA
+
+
+def group(chosen: str) -> list[str] | None:
+    """The checks of group `chosen` (its number from 1, or its name) in the order they run;
+    None if there is no such group."""
+    names = list(GROUPS)
+    if chosen.isdigit() and 1 <= int(chosen) <= len(names):
+        chosen = names[int(chosen) - 1]
+    members = GROUPS.get(chosen)
+    return None if members is None else [s.name for s in CHECKS if s.name in members]
+
+
+def sets() -> dict[str, list[Spec]]:
+    """What --list shows: the quick set, each group (by number and name), last the checks in
+    no group (--only NAME)."""
+    specs = {spec.name: spec for spec in CHECKS}
+    found = {"quick (--quick; make gpu-check-quick)": list(QUICK)}
+    for i, name in enumerate(GROUPS, 1):
+        found[f"group {i}, {name} (--group {i})"] = [specs[n] for n in group(name)]
+    grouped = {n for members in GROUPS.values() for n in members}
+    found["in no group (--only NAME)"] = [s for s in CHECKS if s.name not in grouped]
+    return found
+
+
+def estimate(specs) -> tuple[float, float]:
+    """Seconds `specs` are expected to take on one H200, (least, most): each check's limit
+    over LIMIT_OVER_EXPECTED, summed, and the script's start. An estimate until a GPU has run
+    them (the report's seconds)."""
+    total = sum(spec.limit for spec in specs)
+    fewest, most = LIMIT_OVER_EXPECTED
+    return START_SECONDS + total / most, START_SECONDS + total / fewest
 
 
 def expected_seconds(checks=CHECKS) -> tuple[float, float]:

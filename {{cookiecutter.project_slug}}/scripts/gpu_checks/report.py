@@ -137,10 +137,10 @@ def build(machine: Machine, results: list[dict], start: float, stopped: str | No
     }
 
 
-def write(path: str | None, machine: Machine, results: list, start: float, stopped):
-    """The report so far, written to `path` (when given) whole or not at all: a signal that
-    arrives meanwhile waits until the file is in place."""
-    found = build(machine, results, start, stopped)
+def write(path: str | None, machine: Machine, results: list, start: float, stopped, **more):
+    """The report so far (and `more` keys), written to `path` (when given) whole or not at
+    all: a signal that arrives meanwhile waits until the file is in place."""
+    found = {**build(machine, results, start, stopped), **more}
     if path:
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
@@ -210,15 +210,49 @@ def exit_code(found: dict) -> int:
     return 3 if found["summary"]["not run"] else 0
 
 
-def listing(checks, seconds: tuple[float, float]) -> str:
-    """Each check and what it covers, two lines each; then how long a default run takes,
-    `seconds` (registry.expected_seconds: an estimate until measured)."""
-    width = max(len(spec.name) for spec in checks)
+def listing(sets: dict[str, list[Spec]], estimates: dict, default: tuple) -> str:
+    """Each set of checks (the quick set, the groups, the rest) with its estimate, then each
+    check and what it covers, two lines each; last, how long a default run takes, `default`
+    (registry.expected_seconds). The estimates are registry.estimate's, until measured."""
+    width = max(len(spec.name) for specs in sets.values() for spec in specs)
     lines = []
-    for spec in checks:
-        more = "" if spec.default else " (not in the default run)"
-        lines.append(f"{spec.name:<{width}}  {' '.join(spec.run.__doc__.split())}{more}")
-        lines.append(f"{'':<{width}}  covers: {', '.join(spec.covers)}")
-    low, high = (round(s / 60) for s in seconds)
+    for title, specs in sets.items():
+        if title in estimates:
+            low, high = estimates[title]
+            title += f": about {low:.0f} to {high:.0f} s on one H200"
+        lines.append(title)
+        for spec in specs:
+            lines.append(f"  {spec.name:<{width}}  {' '.join(spec.run.__doc__.split())}")
+            lines.append(f"  {'':<{width}}  covers: {', '.join(spec.covers)}")
+    low, high = (round(s / 60) for s in default)
+    lines.append(
+        "The seconds are estimates (each check's limit over 3 to 4), until a GPU has run them."
+    )
     lines.append(f"A default run takes about {low} to {high} minutes on one H200 (estimated).")
     return "\n".join(lines)
+
+
+def block(found: dict, machine: Machine, seconds: float) -> dict:
+    """The figures a script greps for at the end of a run, after a `---` line (block_text):
+    checks passed of those not skipped, `seconds` (the script's own start included), the
+    largest CUDA peak any check noted, the LM's MFU, the trainer against a plain loop, the
+    device and versions; "n/a" where no check of the run measured it."""
+    rows = [r for r in found["checks"] if r["status"] != "skip"]
+    figures = [r["figures"] for r in found["checks"]]
+    peaks = [f["peak_vram_mb"] for f in figures if f.get("peak_vram_mb") is not None]
+    mfu = next((f["mfu"] for f in figures if f.get("mfu") is not None), None)
+    ratio = next((f["trainer_vs_loop"] for f in figures if f.get("trainer_vs_loop")), None)
+    return {
+        "checks_passed": f"{sum(r['status'] == 'pass' for r in rows)}/{len(rows)}",
+        "seconds": f"{seconds:.1f}",
+        "peak_vram_mb": f"{max(peaks):.0f}" if peaks else "n/a",
+        "mfu_percent": f"{100 * mfu:.1f}" if mfu is not None else "n/a",
+        "trainer_vs_loop": f"{ratio:.3f}" if ratio is not None else "n/a",
+        "device": machine.name,
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+    }
+
+
+def block_text(values: dict) -> str:
+    return "\n".join(["---", *(f"{key}: {value}" for key, value in values.items())])

@@ -27,6 +27,7 @@ from {{ cookiecutter.package_name }}.tasks.language_model import LanguageModel
 from {{ cookiecutter.package_name }}.utils import device as devices
 
 from .common import Check
+from .quick import note_peak
 
 # ~109M parameters (6 blocks of 12.6M, a 32768 x 1024 tied embedding); 16 x 1024 tokens a
 # step: ~12 TFLOP, ~30 ms in bf16 on an H200. The CPU sizes only run the code.
@@ -41,12 +42,43 @@ MFU_GOAL = 0.30  # nanochat reports 41%, torchtitan 33-39% on H100-class GPUs
 COMPILE_OVER_EAGER = 1.1
 TRAINER_OVER_LOOP = 0.98
 LOADER_OVER_STEP = 1.0  # the loader must not be the bottleneck
+# The quick check's: 2 timed epochs of 128 steps are noisier than speed_cnn's 3 of 256; and a
+# floor of MFU without compile, below which bf16 is not on the tensor cores (fp32 without TF32
+# reaches ~7% of an H100's bf16 peak).
+QUICK_TRAINER_OVER_LOOP = 0.9
+QUICK_MFU_FLOOR = 0.15
 
 
 def check_speed_lm(c: Check) -> str:
     """A ~100M-parameter transformer LM: bf16 against TF32 (>= 1.3x), MFU against the GPU's
     peak dense bf16 FLOP/s (>= 30%), torch.compile against eager in bf16 (>= 1.1x, compile
     time reported apart)."""
+    lm = lm_setup(c)
+    rows = {"tf32": lm_rate(c, lm, lm.model, "off"), "bf16": lm_rate(c, lm, lm.model, "bf16")}
+    if c.machine.device == "cuda":  # compiling takes minutes on a CPU
+        rows["bf16+compile"] = lm_rate(c, lm, torch.compile(lm.model), "bf16")
+    for name, row in rows.items():
+        c.figures.update({f"lm_{name}_{k}": v for k, v in row.items()})
+    bf16 = rows["bf16"]["steps_per_s"] / rows["tf32"]["steps_per_s"]
+    c.target("LM bf16 vs TF32 steps/s", bf16, BF16_OVER_TF32)
+    done = [f"{lm.params / 1e6:.0f}M params, {lm.flops / 1e12:.2f} TFLOP/step"]
+    done.append(f"bf16/TF32 {bf16:.2f}x")
+    if "bf16+compile" in rows:
+        ratio = rows["bf16+compile"]["steps_per_s"] / rows["bf16"]["steps_per_s"]
+        c.target("LM compiled vs eager (bf16) steps/s", ratio, COMPILE_OVER_EAGER)
+        warm = rows["bf16+compile"]["warmup_s"]
+        done.append(f"compiled/eager {ratio:.2f}x (compile {warm:.0f}s, untimed)")
+    if lm.peak:
+        c.figures["mfu"] = mfu = max(row["tflops"] for row in rows.values()) / lm.peak
+        c.target("LM MFU (best variant)", mfu, MFU_GOAL)
+        done.append(f"MFU {mfu:.1%} of {lm.peak:g} TFLOP/s")
+    return "; ".join(done)
+
+
+def lm_setup(c: Check) -> SimpleNamespace:
+    """The LM at this device's size (LM), its task, a synthetic batch (x, y), fused AdamW, its
+    FLOPs a step and the GPU's peak dense bf16 TFLOP/s (None on the CPU or a GPU not in
+    benchmark_gpu's table), noted in the figures."""
     device, size = devices.resolve_device(c.machine.device), LM[c.machine.device]  # cuda:0
     devices.configure_backends(device, tf32=True, deterministic=False)  # as training sets it
     opts = Transformer.Options(size["width"], size["depth"], size["heads"], 0.0, size["seq_len"])
@@ -62,30 +94,14 @@ def check_speed_lm(c: Check) -> str:
     params = sum(p.numel() for p in model.parameters())
     c.figures.update(lm_params=params, lm_tokens_per_step=x.numel(), lm_flops_per_step=flops)
     c.figures["peak_bf16_tflops"] = peak
-    rows = {"tf32": lm_rate(c, model, model, task, optimizer, x, y, "off", flops)}
-    rows["bf16"] = lm_rate(c, model, model, task, optimizer, x, y, "bf16", flops)
-    if c.machine.device == "cuda":  # compiling takes minutes on a CPU
-        compiled = torch.compile(model)
-        rows["bf16+compile"] = lm_rate(c, model, compiled, task, optimizer, x, y, "bf16", flops)
-    for name, row in rows.items():
-        c.figures.update({f"lm_{name}_{k}": v for k, v in row.items()})
-    bf16 = rows["bf16"]["steps_per_s"] / rows["tf32"]["steps_per_s"]
-    c.target("LM bf16 vs TF32 steps/s", bf16, BF16_OVER_TF32)
-    done = [f"{params / 1e6:.0f}M params, {flops / 1e12:.2f} TFLOP/step", f"bf16/TF32 {bf16:.2f}x"]
-    if "bf16+compile" in rows:
-        ratio = rows["bf16+compile"]["steps_per_s"] / rows["bf16"]["steps_per_s"]
-        c.target("LM compiled vs eager (bf16) steps/s", ratio, COMPILE_OVER_EAGER)
-        warm = rows["bf16+compile"]["warmup_s"]
-        done.append(f"compiled/eager {ratio:.2f}x (compile {warm:.0f}s, untimed)")
-    if peak:
-        mfu = max(row["tflops"] for row in rows.values()) / peak
-        c.target("LM MFU (best variant)", mfu, MFU_GOAL)
-        done.append(f"MFU {mfu:.1%} of {peak:g} TFLOP/s")
-    return "; ".join(done)
+    parts = dict(model=model, task=task, optimizer=optimizer, x=x, y=y)
+    return SimpleNamespace(**parts, flops=flops, peak=peak, params=params)
 
 
-def lm_rate(c: Check, model, net, task, optimizer, x, y, amp: str, flops: int) -> dict:
-    """Steps/s, TFLOP/s, warm-up seconds and peak memory of training steps of `net`."""
+def lm_rate(c: Check, lm: SimpleNamespace, net, amp: str) -> dict:
+    """Steps/s, TFLOP/s, warm-up seconds and peak memory of training steps of `net` (lm.model
+    or its compiled form) on lm's batch."""
+    model, task, optimizer, x, y = lm.model, lm.task, lm.optimizer, lm.x, lm.y
     device = x.device
 
     def step():
@@ -100,16 +116,16 @@ def lm_rate(c: Check, model, net, task, optimizer, x, y, amp: str, flops: int) -
         torch.cuda.reset_peak_memory_stats(device)
     warmup_s, rate = benchmark_gpu.time_steps(step, device, **TIMING[c.machine.device])
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    tflops = flops * rate / 1e12
+    tflops = lm.flops * rate / 1e12
     return {"steps_per_s": rate, "tflops": tflops, "warmup_s": warmup_s, "peak_mb": peak_mb}
 
 
-def cnn_settings(c: Check) -> list[str]:
-    """The default config, with epochs long enough to time: 4 of 256 steps (batches of 64) on
-    CUDA; 2 of 4 on the CPU."""
+def cnn_settings(c: Check, samples: int = 16384, epochs: int = 4) -> list[str]:
+    """The default config, with epochs long enough to time: `epochs` of `samples` (batches
+    of 64; 4 of 256 steps by default) on CUDA; 2 of 4 steps on the CPU."""
     cuda = c.machine.device == "cuda"
-    sizes = ["data.train_size=16384", "train.epochs=4"] if cuda else ["data.train_size=256"]
-    sizes += [] if cuda else ["train.epochs=2"]
+    samples, epochs = (samples, epochs) if cuda else (256, 2)
+    sizes = [f"data.train_size={samples}", f"train.epochs={epochs}"]
     runs = c.workdir / "runs"
     return [*sizes, "data.val_size=256", "run.loggers=[csv]", f"run.output_dir={runs}"]
 
@@ -133,6 +149,7 @@ def check_speed_cnn(c: Check) -> str:
     }
     c.figures.update(trainer_samples_per_s=fit_rate, loop_samples_per_s=loop_rate)
     c.figures.update(step_samples_per_s=step_rate, loader_samples_per_s=loaders)
+    c.figures["trainer_vs_loop"] = fit_rate / loop_rate
     c.target("CNN trainer vs plain loop samples/s", fit_rate / loop_rate, TRAINER_OVER_LOOP)
     c.target(
         "loader (2 workers, pinned) vs step samples/s", loaders[2] / step_rate, LOADER_OVER_STEP
@@ -188,3 +205,31 @@ def plain_loop(cfg, device: torch.device) -> tuple[float, float]:
     data.close_loader(loader)
     _, rate = benchmark_gpu.time_steps(lambda: step(x, y), device, **STEP_TIMING[device.type])
     return statistics.median(rates[1:] or rates), rate * len(y)
+
+
+def check_quick_speed(c: Check) -> str:
+    """One line of speed, warm-up untimed and reported apart, no compile (minutes: speed_lm
+    compiles): the default CNN's samples/s through the trainer against a plain loop over the
+    same model and loader (>= 0.9x), the ~100M-parameter LM's MFU in bf16 against the GPU's
+    peak (>= 15%), the peak CUDA memory."""
+    settings = [*cnn_settings(c, samples=8192, epochs=3), f"run.device={c.machine.device}"]
+    fit_rate = trainer_rate(c, settings)
+    device = devices.resolve_device(c.machine.device)
+    loop_rate = plain_loop(load_config(None, settings), device)[0]
+    lm = lm_setup(c)
+    row = lm_rate(c, lm, lm.model, "bf16")
+    ratio, mfu = fit_rate / loop_rate, row["tflops"] / lm.peak if lm.peak else None
+    c.figures.update(trainer_samples_per_s=fit_rate, loop_samples_per_s=loop_rate)
+    c.figures.update(trainer_vs_loop=ratio, mfu=mfu, lm_bf16_tflops=row["tflops"])
+    c.figures["lm_bf16_warmup_s"] = row["warmup_s"]
+    c.target("CNN trainer vs plain loop samples/s (quick)", ratio, QUICK_TRAINER_OVER_LOOP)
+    if mfu is not None:
+        c.target("LM MFU, bf16 eager (quick)", mfu, QUICK_MFU_FLOOR)
+    note_peak(c, row["peak_mb"])
+    mfu_line = f"MFU {mfu:.1%} of {lm.peak:g} TFLOP/s" if mfu is not None else "MFU n/a here"
+    peak_mb = c.figures.get("peak_vram_mb")
+    return (
+        f"trainer {fit_rate:.0f}/s vs plain loop {loop_rate:.0f}/s ({ratio:.3f}x); LM bf16 "
+        f"{row['tflops']:.2f} TFLOP/s, {mfu_line} (warm-up {row['warmup_s']:.1f}s untimed, "
+        f"no compile); peak memory {f'{peak_mb} MB' if peak_mb is not None else 'n/a (CPU)'}"
+    )

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import re
+import shlex
 import signal
 import sys
 
@@ -38,6 +39,20 @@ def make_parser(description: str, example: str) -> Parser:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     return parser
+
+
+# docs/testing.md: key=value overrides every training run (a sweep's trials and torchrun's
+# ranks too) applies after its command line's, e.g. train.max_steps=2: the documented
+# commands, run as written, at smoke sizes.
+SMOKE_VARIABLE = "SMOKE_OVERRIDES"
+
+
+def smoke_overrides() -> list[str]:
+    """$SMOKE_OVERRIDES, split as a shell splits it; one line (rank 0) says it is in force."""
+    items = shlex.split(os.environ.get(SMOKE_VARIABLE, ""))
+    if items and os.environ.get("RANK", "0") == "0":
+        print(f"{SMOKE_VARIABLE}: {' '.join(items)} (after the command line's)", file=sys.stderr)
+    return items
 
 
 def force_option(parser: argparse.ArgumentParser, what: str) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..errors import EXIT_STOPPED
-from .cli import guard, make_parser
+from .cli import guard, make_parser, smoke_overrides
 from .evaluate import evaluate_checkpoint
 
 
@@ -36,7 +36,7 @@ def train_main(argv: list[str] | None = None) -> int:
         from ..distributed import lost_peer
         from ..trainer import COMPLETE, fit
 
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, [*args.overrides, *smoke_overrides()])
         if args.show_config:
             print(describe(cfg), end="")
             return 0

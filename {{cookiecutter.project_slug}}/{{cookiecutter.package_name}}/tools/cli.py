@@ -49,7 +49,10 @@ SMOKE_VARIABLE = "SMOKE_OVERRIDES"
 
 def smoke_overrides() -> list[str]:
     """$SMOKE_OVERRIDES, split as a shell splits it; one line (rank 0) says it is in force."""
-    items = shlex.split(os.environ.get(SMOKE_VARIABLE, ""))
+    try:
+        items = shlex.split(os.environ.get(SMOKE_VARIABLE, ""))
+    except ValueError as exc:  # an unclosed quote
+        raise UserError(f"{SMOKE_VARIABLE}: {exc}; quote its values as a shell would") from None
     if items and os.environ.get("RANK", "0") == "0":
         print(f"{SMOKE_VARIABLE}: {' '.join(items)} (after the command line's)", file=sys.stderr)
     return items

@@ -3,6 +3,7 @@ same lint as a bake."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -75,3 +76,63 @@ def test_gpu_run_device_step_exits_75_when_stopped_by_its_time_limit(tmp_path):
     )
     assert proc.returncode == 75, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("exit 75; report ")
+
+
+# Stands in for the baked scripts/gpu_check.py: writes the options it was given to
+# $OUT/argv.json and ends as the real one does, with its table and the --- block.
+RECORDS_ITS_OPTIONS = """import json, os, sys
+out = os.environ["OUT"]
+open(os.path.join(out, "argv.json"), "w").write(json.dumps(sys.argv[1:]))
+print("noise before the table")
+print("check  result   time  detail")
+print("quick_trace  pass  9s  fine")
+print("---")
+print("checks_passed: 7/7")
+"""
+
+
+def device_step(tmp_path, *args: str, goldens: bool = False) -> tuple[int, str, list[str]]:
+    """gpu_run.sh's device step on the stand-in: (exit code, stdout, its options)."""
+    bake = tmp_path / "gpu-bake"
+    (bake / "project" / "scripts").mkdir(parents=True, exist_ok=True)
+    (bake / "project" / "scripts" / "gpu_check.py").write_text(RECORDS_ITS_OPTIONS)
+    if goldens:
+        (bake / "goldens.json").write_text("{}")
+    shutil.copy(TEMPLATE / "benchmarks" / "gpu_run.sh", bake / "gpu_run.sh")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out)}
+    proc = subprocess.run(
+        ["bash", str(bake / "gpu_run.sh"), "device", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    argv = out / "argv.json"
+    options = json.loads(argv.read_text()) if argv.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, options
+
+
+def test_gpu_run_device_step_runs_the_quick_check_first_and_prints_its_block(tmp_path):
+    code, output, options = device_step(tmp_path)
+    assert code == 0, output
+    out = tmp_path / "out"
+    assert options == [
+        *("--quick", "--json", str(out / "gpu-check-quick.json")),
+        *("--export-goldens", str(out / "gpu-goldens.json")),
+    ]
+    assert "noise before" not in output  # from the table on
+    assert "quick_trace  pass" in output and "---\nchecks_passed: 7/7\n" in output
+    _, _, options = device_step(tmp_path, "quick", goldens=True)
+    assert options[-2:] == ["--goldens", str(tmp_path / "gpu-bake" / "goldens.json")]
+
+
+def test_gpu_run_device_step_runs_a_group_or_the_full_set_within_a_budget(tmp_path):
+    out = str(tmp_path / "out" / "gpu-check.json")
+    code, output, options = device_step(tmp_path, "group", "2")
+    assert code == 0, output
+    assert options == ["--group", "2", "--json", out, "--budget", "450"]
+    assert device_step(tmp_path, "full")[2] == ["--json", out, "--budget", "450"]
+    for wrong, message in ((["group"], "which group?"), (["all"], "expected quick")):
+        code, output, _ = device_step(tmp_path / wrong[0], *wrong)
+        assert code == 2 and message in output

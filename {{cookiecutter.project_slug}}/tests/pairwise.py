@@ -59,6 +59,7 @@ AXES: dict[str, list] = {
     # train.freeze_epochs: 1 freezes the backbone for the first epoch, then trains it (with
     # sharded parameters and bf16, that unfreeze once failed)
     "freeze": [0, 1],
+    "ema": [0, 0.9],  # train.ema_decay: the weights' average is validated, saved, exported
     # The one setting each resume changes: train.lr halved, train.amp off <-> bf16 (fp16 ->
     # bf16), train.channels_last flipped (refused on non-image inputs), run.seed (refused).
     "resume_change": ["lr", "amp", "channels_last", "seed"],
@@ -106,6 +107,11 @@ REFUSED = [
         {"sync_bn": [True], "strategy": ["fsdp"]},
         ("train.sync_bn=true", "train.strategy=fsdp"),
         "BatchNorm statistics are synchronised before validation anyway",
+    ),
+    Rule(
+        {"ema": [0.9], "strategy": ["fsdp"]},
+        ("train.ema_decay",),
+        "the average would be of each rank's shards; ddp averages the whole model",
     ),
     # <<< fsdp
     Rule({"amp": ["fp16"]}, ("train.amp=fp16",), "fp16 needs a GPU; bf16 runs on CPU", ("cpu",)),

@@ -19,7 +19,7 @@ import torch
 from conftest import ROOT, TINY
 from torch import nn
 
-from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }} import checkpoint, ema
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools import export, formats
@@ -43,6 +43,23 @@ def best(tmp_path_factory) -> str:
 
 def run_export(best: str, fmt: str, out: Path, *args: str) -> int:
     return export_main(["--checkpoint", best, "--format", fmt, "--out", str(out), *args])
+
+
+@pytest.mark.slow
+def test_a_run_with_weight_averaging_exports_the_average(tmp_path):
+    """train.ema_decay: the artifact holds the averaged weights (which best.pt was chosen
+    by), not the ones trained; its parity check ran against the averaged model."""
+    cfg = [*TINY, "train.epochs=1", "train.ema_decay=0.9", f"run.output_dir={tmp_path}"]
+    fit(load_config(None, cfg))
+    best = tmp_path / "default" / "best.pt"
+    out = tmp_path / "m.torchscript.pt"
+    assert run_export(str(best), "torchscript", out) == 0
+    state = checkpoint.load(best)
+    average, trained = ema.weights(state["ema"]), state["model"]
+    artifact = torch.jit.load(out).state_dict()
+    key = next(k for k in average if k.endswith("weight") and average[k].dim() > 1)
+    [found] = [v for k, v in artifact.items() if k.endswith(key)]
+    assert torch.equal(found, average[key]) and not torch.equal(found, trained[key])
 
 
 @pytest.mark.slow

@@ -22,7 +22,8 @@ from .config import Config
 from .data import set_epoch
 from .distributed import DistInfo
 from .errors import UserError
-from .utils.device import autocast, memory_mb, to_device
+from .summary import report_epoch
+from .utils.device import autocast, to_device
 from .utils.logger import MetricLogger
 from .utils.signals import StopSignal
 from .validation import evaluate, notes
@@ -59,6 +60,7 @@ class Trainee:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     lr: float  # the peak learning rate, after train.lr_scaling
+    ema: nn.Module | None = None  # train.ema_decay: the weights' average (ema.py), validated
     ddp: nn.Module | None = None  # `model` inside DistributedDataParallel on >1 rank (ddp)
     net: nn.Module | None = None  # what the forward pass calls: `ddp`, compiled on request
 
@@ -112,9 +114,11 @@ def validate_and_save(
     runs.csv and best.pt describe the final model. Returns the metrics."""
     cfg, progress, data = loop.cfg, loop.progress, loop.data
     best_metric, best_mode = cfg.best()
-    # Every rank evaluates the BatchNorm statistics it saves.
-    distributed.sync_buffers(loop.trainee.model)
-    model, split = loop.trainee.model, f"the validation split at step {progress.step}"
+    # The weights' average when train.ema_decay is on; every rank evaluates the BatchNorm
+    # statistics it saves.
+    model = loop.trainee.ema.module if loop.trainee.ema is not None else loop.trainee.model
+    distributed.sync_buffers(model)
+    split = f"the validation split at step {progress.step}"
     metrics = evaluate(model, data.val_loader, data.task, loop.device, cfg.train.amp, split=split)
     for line in notes(data.task, metrics, best_metric, loop.said) if loop.dist.is_main else ():
         tqdm.write(line)
@@ -242,6 +246,8 @@ def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
     trainee.scaler.update()
     trainee.optimizer.zero_grad(set_to_none=True)
     trainee.scheduler.step()
+    if trainee.ema is not None:
+        trainee.ema.update_parameters(trainee.model)
     return total / micro_batches, grad_norm
 
 
@@ -270,32 +276,6 @@ def save(loop: Loop, ckpts: CheckpointManager, is_best: bool, report=None) -> No
     # (the epoch's row) is written before the checkpoint is named: a kill loses no row.
     ckpts.check_held()
     extra = {"data": loop.data.meta, "io": loop.data.io, "trackers": loop.log.tracker_ids()}
+    if loop.trainee.ema is not None:  # the average, beside the weights a resume trains on
+        extra["ema"] = loop.trainee.ema.state_dict()
     ckpts.save(loop.trainee, loop.progress, extra, is_best, report)
-
-
-def report_epoch(loop: Loop, stats: dict, metrics: dict, train_time: float, is_best: bool):
-    """metrics.csv + TensorBoard (rank 0's logger) and one line on the console."""
-    epoch, progress, data = loop.progress.epoch, loop.progress, loop.data
-    if not stats["finished"]:  # train.max_steps inside an epoch: the part of it trained
-        epoch += round(progress.epoch_samples / data.effective_batch / data.steps_per_epoch, 3)
-    row = {
-        "epoch": epoch,
-        "step": loop.progress.step,
-        "train/epoch_loss": stats["loss"],  # train/loss is the per-step curve
-        **{f"val/{k}": v for k, v in metrics.items() if k != "count"},
-        "lr": loop.trainee.scheduler.get_last_lr()[0],
-        "time/train_s": train_time,
-        "throughput/samples_per_s": stats["samples"] / train_time,
-    }
-    memory_name, row[memory_name] = memory_mb(loop.device)
-    loop.log.epoch(row)
-    if loop.dist.is_main:
-        shown = {k: v for k, v in metrics.items() if k != "count" and "/" not in k}  # scalars
-        tqdm.write(
-            f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
-            f"val {' '.join(f'{k} {v:.4f}' for k, v in shown.items())}"
-            f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
-            f"{row['throughput/samples_per_s']:.0f} samples/s | "
-            f"{memory_name.split('/')[1].removesuffix('_mb').replace('_', ' ')} "
-            f"{row[memory_name]:.0f} MB"
-        )

@@ -1,7 +1,7 @@
 """The end-of-run summary (rank 0): why the run stopped, its best and final validation
 metrics, time and throughput, the files of its run folder, and the commands to run next with
 this run's paths. Built from the Progress saved in every checkpoint, so resuming a complete
-run prints it again."""
+run prints it again. Also each epoch's report: its metrics.csv row and console line."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import importlib.util  # feature: export
 import shlex
 from pathlib import Path
 
+from tqdm import tqdm
+
 from .checkpoint import Progress
 from .config import Config
+from .utils.device import memory_mb
 from .utils.metrics import flatten
 
 REASONS = {
@@ -137,3 +140,32 @@ def _predict_input(cfg: Config, meta: dict) -> list[str]:
 
 def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def report_epoch(loop, stats: dict, metrics: dict, train_time: float, is_best: bool):
+    """An epoch's row in metrics.csv + TensorBoard (rank 0's logger of the loop.Loop) and its
+    one line on the console."""
+    epoch, progress, data = loop.progress.epoch, loop.progress, loop.data
+    if not stats["finished"]:  # train.max_steps inside an epoch: the part of it trained
+        epoch += round(progress.epoch_samples / data.effective_batch / data.steps_per_epoch, 3)
+    row = {
+        "epoch": epoch,
+        "step": loop.progress.step,
+        "train/epoch_loss": stats["loss"],  # train/loss is the per-step curve
+        **{f"val/{k}": v for k, v in metrics.items() if k != "count"},
+        "lr": loop.trainee.scheduler.get_last_lr()[0],
+        "time/train_s": train_time,
+        "throughput/samples_per_s": stats["samples"] / train_time,
+    }
+    memory_name, row[memory_name] = memory_mb(loop.device)
+    loop.log.epoch(row)
+    if loop.dist.is_main:
+        shown = {k: v for k, v in metrics.items() if k != "count" and "/" not in k}  # scalars
+        tqdm.write(
+            f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
+            f"val {' '.join(f'{k} {v:.4f}' for k, v in shown.items())}"
+            f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
+            f"{row['throughput/samples_per_s']:.0f} samples/s | "
+            f"{memory_name.split('/')[1].removesuffix('_mb').replace('_', ' ')} "
+            f"{row[memory_name]:.0f} MB"
+        )

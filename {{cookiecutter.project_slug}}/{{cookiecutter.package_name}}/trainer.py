@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import checkpoint, distributed, finetune, parallel
+from . import checkpoint, distributed, ema, finetune, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config, to_dict
 from .data import build_datasets, build_loader, close_loader, drop_note, example_batch, source_of
@@ -213,7 +213,7 @@ def build_trainee(
     cfg: Config, data: Data, dist: DistInfo, device: torch.device, resumed_from: str | None
 ) -> Trainee:
     """The model on its device (init_from's weights loaded before), AdamW, the warm-up +
-    cosine schedule (optim.py) and the fp16 loss scaler."""
+    cosine schedule (optim.py), the fp16 loss scaler and the weights' average (ema.py)."""
     model = build_net(cfg, data, device, dist, resumed_from)
     data.val_loader = even_batches(data.val_loader, model, device)  # feature: fsdp
     lr = scaled_lr(cfg.train, data.effective_batch)
@@ -222,7 +222,7 @@ def build_trainee(
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)
     scheduler = build_scheduler(optimizer, cfg.train, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
-    return Trainee(model, optimizer, scheduler, scaler, lr)
+    return Trainee(model, optimizer, scheduler, scaler, lr, ema.build(model, cfg.train.ema_decay))
 
 
 def restore(cfg, dist, ckpts: CheckpointManager, state, data: Data, trainee: Trainee, progress):

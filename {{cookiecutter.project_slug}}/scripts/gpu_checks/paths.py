@@ -47,13 +47,19 @@ def check_tests(c: Check) -> str:
 
 def check_default_run(c: Check) -> str:
     """scripts/train.py with the defaults (one epoch of 1024 samples): what a user runs first:
-    fp32 with TF32, pinned memory, csv and TensorBoard; the epoch line names peak memory."""
+    fp32 with TF32, pinned memory, csv and TensorBoard; the epoch line names peak memory and
+    run.json the GPU, CUDA and cuDNN."""
     runs = c.workdir / "runs"
     samples = 1024 if c.machine.device == "cuda" else 256  # on the CPU: for the code only
     sizes = [f"data.train_size={samples}", "data.val_size=256", "train.epochs=1"]
     out = c.python("scripts/train.py", *sizes, f"run.output_dir={runs}")
     if c.machine.device == "cuda" and "cuda peak" not in out:
         raise Failed("the epoch line names no CUDA peak memory", out[-2000:])
+    # run.json names the GPU and the CUDA build it trained with (utils/provenance.py).
+    record = json.loads((runs / "default" / "run.json").read_text())
+    gpus, cuda = record["machine"].get("gpus"), record["software"].get("cuda")
+    if c.machine.device == "cuda" and not (gpus and cuda and record["software"].get("cudnn")):
+        raise Failed("run.json names no GPU, CUDA or cuDNN", json.dumps(record)[:2000])
     return last_epoch_line(out)
 
 

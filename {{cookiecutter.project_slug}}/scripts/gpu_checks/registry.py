@@ -53,6 +53,11 @@ CUDA_PATHS = {
         "CUDA peak memory per epoch",  # feature: !fsdp
         ("utils/device.py:memory_mb", "utils/device.py:peak_memory"),
     ),
+    "record": (
+        "run.json's GPUs, driver, CUDA, cuDNN and NCCL; reproduce.py and compare_runs.py on them",
+        ("utils/provenance.py:software", "utils/provenance.py:machine")
+        + ("utils/provenance.py:differences", "tools/reproduce.py:flat"),
+    ),
     "rng": (
         "CUDA RNG states saved and restored",
         ("utils/seed.py:rng_state", "utils/seed.py:set_rng_state"),
@@ -105,7 +110,12 @@ SEVERAL_GPUS = [
 # (a cold start): expected_seconds() sums those for docs/gpu-check.md's estimate of a run.
 LIMIT_OVER_EXPECTED = (3, 4)
 CHECKS = (
-    Spec("default_run", paths.check_default_run, ("device", "tf32", "pinned", "memory"), 60),
+    Spec(
+        "default_run",
+        paths.check_default_run,
+        ("device", "tf32", "pinned", "memory", "record"),
+        60,
+    ),
     Spec("numerics", numerics.check_numerics, ("tf32", "bf16", "fp16", "deterministic"), 90, True),
     Spec("speed_cnn", speed.check_speed_cnn, ("pinned",), 120, True),
     Spec("speed_lm", speed.check_speed_lm, ("bf16", "tf32", "compile"), 240, True),

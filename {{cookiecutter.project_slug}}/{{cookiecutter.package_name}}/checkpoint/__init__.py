@@ -146,6 +146,8 @@ class CheckpointManager:
             dist.rank,
             dist.world_size,
         )
+        if t.ema is not None and "ema" in state:  # else it starts from the weights resumed
+            t.ema.load_state_dict(state["ema"])
         check_position(progress, data, self.resumed_from)
         if dist.is_main:
             note_batch_change(state, data.effective_batch)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..ema import weights as ema_weights
 from ..errors import CheckpointError, CorruptCheckpoint, first_line, unreadable  # feature: fsdp
 from ..errors import CheckpointError, CorruptCheckpoint, first_line, left_out, unreadable  # feature: !fsdp
 from ..utils.locks import fsync_dir, temporary
@@ -58,9 +59,12 @@ def check_training_state(state: dict, path: str | Path) -> dict:
 
 
 def model_weights(state: dict, path: str | Path) -> dict:
-    """The model's state_dict: a training checkpoint's, or a bare `model.state_dict()` file."""
+    """The model's state_dict: a training checkpoint's (the weights' average when trained with
+    train.ema_decay), or a bare `model.state_dict()` file."""
     if is_bare_weights(state):
         return state
+    if isinstance(state.get("ema"), dict):  # train.ema_decay: the average, which was validated
+        return ema_weights(state["ema"])
     if isinstance(state.get("model"), dict):
         return state["model"]
     # >>> fsdp

@@ -79,6 +79,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (norm still logged)
+    # Weight averaging: an EMA of the weights after each step (ema.py), validated, best.pt's
+    # and the tools' weights; 0 = off. 0.999 averages about the last 1000 steps.
+    ema_decay: float = 0.0
     amp: Literal["off", "bf16", "fp16"] = "off"  # mixed precision; fp16 adds a GradScaler
     compile: bool = False  # torch.compile the model (pays off on GPU for long runs)
     channels_last: bool = False  # NHWC memory format for conv nets (faster on tensor cores)

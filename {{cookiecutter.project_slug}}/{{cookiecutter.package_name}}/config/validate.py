@@ -24,6 +24,7 @@ def validate(cfg: Config) -> None:
         ("train.min_lr_ratio", 0 <= cfg.train.min_lr_ratio <= 1, "between 0 and 1"),
         ("train.grad_accum_steps", cfg.train.grad_accum_steps >= 1, ">= 1"),
         ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
+        ("train.ema_decay", 0 <= cfg.train.ema_decay < 1, "in [0, 1) (0 = no averaging)"),
         ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
         ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
         ("train.freeze_epochs", cfg.train.freeze_epochs >= -1, ">= 0, or -1 (always frozen)"),
@@ -130,6 +131,8 @@ def _strategy_conflict(train: TrainConfig) -> str | None:
             "train.sync_bn=true is not supported with train.strategy=fsdp; use train.sync_bn="
             "false (BatchNorm statistics are synchronised before validation), or ddp"
         )
+    if train.ema_decay:  # the average would be of this rank's shards, saved unsharded
+        return "train.ema_decay is not supported with train.strategy=fsdp yet; use ddp, or 0"
     return None
 # <<< fsdp
 

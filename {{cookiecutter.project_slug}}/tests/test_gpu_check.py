@@ -412,6 +412,30 @@ def test_the_combinations_check_runs_the_suite_on_the_gpu_ranks_sharing_it(tmp_p
     assert env == {"COMBINATIONS_DEVICE": "cuda", "DIST_BACKEND": "gloo"}
 
 
+# >>> sweeps
+def test_the_sweep_check_wants_its_trials_on_different_gpus_where_there_are_two():
+    out = "\n".join(
+        [
+            "sweep /x/sweep: 2 trials, 2 to run, 2 at a time",
+            "t00-lr1e-3: started (train.lr=1e-3) on GPU 0 log /x/t00-lr1e-3.out",
+            "t01-lr2e-3: started (train.lr=2e-3) on GPU 1 log /x/t01-lr2e-3.out",
+        ]
+    )
+    trials, judge = ["t00-lr1e-3", "t01-lr2e-3"], registry.paths.judge_trial_gpus
+    gpus = registry.paths.trial_gpus(out)
+    assert gpus == dict(zip(trials, ["0", "1"], strict=True))
+    assert judge(gpus, trials, 2) == "2 trials at a time on GPUs 0, 1: a GPU each"
+    assert judge(gpus, trials, 8) == "2 trials at a time on GPUs 0, 1: a GPU each"
+    same = dict.fromkeys(trials, "0")
+    assert judge(same, trials, 1) == "2 trials at a time, both on GPU 0 (one GPU here)"
+    with pytest.raises(common.Failed, match="all on GPU 0 with 2 GPUs"):
+        judge(same, trials, 2)
+    cpu = out.replace(" on GPU 0", "").replace(" on GPU 1", "")  # CPU slots: no GPU counted
+    with pytest.raises(common.Failed, match="started t00-lr1e-3 on no GPU"):
+        judge(registry.paths.trial_gpus(cpu), trials, 2)
+# <<< sweeps
+
+
 # >>> fsdp
 def test_each_fsdp_run_reports_the_start_up_line_of_its_own_log(tmp_path):
     """fsdp1's and fsdp2's start-up peaks come from the first log of that run, not from

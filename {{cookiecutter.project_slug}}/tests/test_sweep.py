@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import ROOT, TINY, flock_failing_with, run_script
 from test_locks import NO_LOCKS
@@ -27,7 +28,9 @@ from {{ cookiecutter.package_name }}.tools import (
     outputs,
     sweep,
     sweep_cli,
+    sweep_launch,
     sweep_manifest,
+    sweep_plan,
     sweep_report,
 )
 from {{ cookiecutter.package_name }}.tools.sweep_report import aggregate
@@ -183,6 +186,61 @@ def test_grid_sweep_ranks_its_trials_and_writes_the_best_config(sequential):
     pytest.importorskip("matplotlib", reason="plots are optional: pip install matplotlib")
     for key in ("train.lr", "model.depth"):
         assert (folder / f"metric_vs_{key}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def gpus_of(slots: list[dict]) -> list[str | None]:
+    return [slot.get("env", {}).get("CUDA_VISIBLE_DEVICES") for slot in slots]
+
+
+def test_parallel_counts_the_gpus_in_a_child_process_and_never_touches_cuda(monkeypatch, capsys):
+    """--parallel N without --gpus: a child process counts the GPUs (COUNT_GPUS), so that the
+    sweep's own never initialises CUDA (torch.cuda.device_count() does where NVML cannot
+    count); trials get CUDA_VISIBLE_DEVICES' own entries where it is set."""
+
+    def untouched(*args, **kwargs):
+        raise AssertionError("the sweep's process called into CUDA")
+
+    for name in ("device_count", "init", "_lazy_init", "is_available", "current_device"):
+        monkeypatch.setattr(torch.cuda, name, untouched)
+    monkeypatch.setattr(sweep_launch, "COUNT_GPUS", "print('noise'); print(2)")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpus_of(sweep_plan.slots_for(3, None)) == ["0", "1", "0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, 7,9")  # the child sees 2 of them
+    assert gpus_of(sweep_plan.slots_for(2, None)) == ["5", "7"]
+    assert gpus_of(sweep_plan.slots_for(2, "3")) == ["3", "3"]  # --gpus: nothing counted
+    monkeypatch.setattr(sweep_launch, "COUNT_GPUS", "print(0)")
+    assert gpus_of(sweep_plan.slots_for(2, None)) == [None, None]  # CPU threads instead
+    trials = dry_run(capsys, "--name", "p", "--parallel", "2", "train.lr=1e-3,2e-3")
+    assert len(trials) == 2 and not torch.cuda.is_initialized()  # planned, CUDA left alone
+    monkeypatch.setattr(sweep_launch, "COUNT_GPUS", "raise SystemExit(1)")
+    with pytest.raises(ConfigError, match="could not count the GPUs.*--gpus 0,1"):
+        sweep_plan.slots_for(2, None)
+
+
+def test_a_trial_forked_from_a_process_with_cuda_stops_with_one_line(monkeypatch):
+    """The fork guard, observable: in a process forked after CUDA was initialised (torch
+    marks it a bad fork), the trial refuses to start instead of failing at CUDA's first
+    use."""
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    assert sweep_launch.inherited_cuda() is None
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    line = sweep_launch.inherited_cuda()
+    assert line.startswith("error: this trial was forked from a process that had initialised")
+    assert "\n" not in line
+
+
+@pytest.mark.slow
+def test_parallel_trials_on_the_gpus_given_say_which_they_start_on(tmp_path):
+    """--gpus 0,1 --parallel 2: each trial's started line names its GPU (the GPU check
+    reads them; on this CPU-only machine the trials train on the CPU all the same)."""
+    args = sweep_cmd(tmp_path, "--name", "g", "--parallel", "2", "--gpus", "0,1")
+    proc = run_script(*args, "train.lr=1e-3,2e-3", "train.epochs=1", env=env())
+    assert proc.returncode == 0, proc.stderr
+    started = [line for line in proc.stdout.splitlines() if ": started (" in line]
+    assert [line.split(" log ")[0].rsplit(" ", 3)[1:] for line in started] == [
+        ["on", "GPU", "0"],
+        ["on", "GPU", "1"],
+    ]
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re  # feature: sweeps
 import signal
 import sys
 import time
@@ -213,12 +214,14 @@ def check_init_from(c: Check) -> str:
 
 # >>> sweeps
 def check_sweep_gpus(c: Check) -> str:
-    """scripts/sweep.py --parallel 2: two trials at a time, each on a GPU of its own (both on
-    GPU 0 with one GPU)."""
+    """scripts/sweep.py --parallel 2 without --gpus: the sweep counts the GPUs in a child
+    process (never initialising CUDA itself) and runs two trials at a time, on two different
+    GPUs with 2+ (both on GPU 0 with one: that says so), each on cuda."""
     if c.machine.device != "cuda":
         raise Skipped("--parallel on the CPU splits CPU threads (the test suite covers it)")
     args = [a for a in c.overrides("unused", "train.epochs=1") if not a.startswith("run.name")]
-    c.python("scripts/sweep.py", "--name", "sweep", "--parallel", "2", "train.lr=1e-3,2e-3", *args)
+    grid = ("--name", "sweep", "--parallel", "2", "train.lr=1e-3,2e-3")
+    out = c.python("scripts/sweep.py", *grid, *args)
     sweep = c.workdir / "runs" / "sweep"
     trials = json.loads((sweep / "sweep.json").read_text())["trials"]
     states = [t["state"] for t in trials]
@@ -227,7 +230,26 @@ def check_sweep_gpus(c: Check) -> str:
     logs = [(sweep / "logs" / f"{t['id']}.out").read_text(errors="replace") for t in trials]
     if not all(" | cuda" in log for log in logs):
         raise Failed("a trial's run line does not name a cuda device")
-    return f"2 trials at a time on {min(c.machine.gpus, 2)} GPU(s): both done"
+    return judge_trial_gpus(trial_gpus(out), [t["id"] for t in trials], c.machine.gpus)
+
+
+def trial_gpus(output: str) -> dict[str, str]:
+    """{trial id: the GPU it started on}, from the sweep's "<id>: started (...) on GPU <id>"
+    lines."""
+    return dict(re.findall(r"^(\S+): started \(.*\) on GPU (\S+) log ", output, re.M))
+
+
+def judge_trial_gpus(gpus: dict[str, str], trials: list[str], count: int) -> str:
+    """Failed unless every trial started on a GPU and, with 2+ GPUs here, on different ones."""
+    missing = [t for t in trials if t not in gpus]
+    if missing:
+        raise Failed(f"the sweep started {missing[0]} on no GPU (its counting found none?)")
+    used = sorted({gpus[t] for t in trials})
+    if len(used) < min(count, len(trials)):
+        raise Failed(f"{len(trials)} trials at a time all on GPU {used[0]} with {count} GPUs")
+    if count < 2:
+        return f"{len(trials)} trials at a time, both on GPU {used[0]} (one GPU here)"
+    return f"{len(trials)} trials at a time on GPUs {', '.join(used)}: a GPU each"
 # <<< sweeps
 
 

@@ -90,8 +90,10 @@ CUDA_PATHS = {
     ),
     # >>> sweeps
     "sweep_gpus": (
-        "sweep trials on GPUs of their own, forked from a sweep that never initialised CUDA",
-        ("tools/sweep_plan.py:slots_for", "tools/sweep_launch.py:can_fork"),
+        "sweep trials on GPUs of their own, counted in a child process, forked from a sweep "
+        "that never initialised CUDA (a trial forked after it refuses to start)",
+        ("tools/sweep_plan.py:slots_for", "tools/sweep_launch.py:can_fork")
+        + ("tools/sweep_launch.py:<module>", "tools/sweep_launch.py:inherited_cuda"),
     ),
     # <<< sweeps
 }

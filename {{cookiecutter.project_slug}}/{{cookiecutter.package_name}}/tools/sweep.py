@@ -279,8 +279,9 @@ class Sweep(TrialWatch):
         self._watchdog.started(proc.pid, logs / f"{trial['id']}.out")
         self._started.append(trial["id"])
         self.update(trial, state="running", exit_code=None, error=None)
+        gpu = slot.get("env", {}).get("CUDA_VISIBLE_DEVICES")
         print(
-            f"{trial['id']}: started ({', '.join(trial['overrides']) or 'fixed settings'}) "
-            f"log {logs / trial['id']}.out"
+            f"{trial['id']}: started ({', '.join(trial['overrides']) or 'fixed settings'})"
+            f"{f' on GPU {gpu}' if gpu is not None else ''} log {logs / trial['id']}.out"
         )
         return trial, proc, err, time.monotonic()

@@ -13,7 +13,9 @@ session (`start_trial`), exactly as a subprocess was, so a trial's crash, `kill 
 out-of-memory still takes only that trial down, the stop signals reach it as before (SIGTERM
 saves and exits 75) and its output goes to the same log files. It holds none of the caller's
 descriptors (the sweep's lock), handlers or notes of signals; it runs with the environment of
-its slot (CUDA_VISIBLE_DEVICES: read at CUDA's first use).
+its slot (CUDA_VISIBLE_DEVICES: read at CUDA's first use). The sweep's own process does not
+initialise CUDA either: visible_gpus() counts the GPUs in a child process, and a trial forked
+from a process that had (inherited_cuda) stops with one line instead of failing at CUDA's use.
 
 Not forked: on other systems and for any command other than the project's scripts/train.py
 (and, with a line, where the forkserver cannot start): those trials start as new processes
@@ -27,12 +29,14 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import threading
 import traceback
 import types
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..utils import signals
 
 _PACKAGE = __package__.rpartition(".")[0]
@@ -52,6 +56,9 @@ PRELOAD = [
 # group (a terminal closed, `kill -- -PGID`) would end it with the exit codes of the trials
 # it started still unread. It ignores SIGINT (a terminal's Ctrl-C) itself.
 SERVER_IGNORES = signals._named("SIGTERM", "SIGUSR1", "SIGHUP")
+# How visible_gpus counts, in a child: torch.cuda.device_count() initialises CUDA where NVML
+# cannot count (MIG slices, no libnvidia-ml), and a process forked after that fails at CUDA.
+COUNT_GPUS = "import torch; print(torch.cuda.device_count())"
 _broken = False  # the forkserver could not start here: trials start as new processes
 _prestarted = False  # prestart() started the server and no trial has used it yet
 
@@ -66,6 +73,37 @@ def _usable() -> bool:
         not _broken
         and sys.platform == "linux"
         and "forkserver" in multiprocessing.get_all_start_methods()
+    )
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs trials can be given, as CUDA_VISIBLE_DEVICES values: the entries of this
+    process's CUDA_VISIBLE_DEVICES (as many as CUDA counts there), else 0..N-1. Counted in
+    a child process (COUNT_GPUS), so that this one never initialises CUDA."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", COUNT_GPUS], capture_output=True, text=True, timeout=300
+        )
+        count = int(done.stdout.split()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        raise ConfigError(
+            "could not count the GPUs for --parallel (a child process running "
+            f"{COUNT_GPUS!r} failed); give them with --gpus, e.g. --gpus 0,1"
+        ) from None
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = listed.split(",") if listed is not None else [str(i) for i in range(count)]
+    return [i.strip() for i in ids[:count]]
+
+
+def inherited_cuda() -> str | None:
+    """The fork guard, checked in the trial: a line if it was forked from a process that had
+    initialised CUDA (every CUDA call would fail in it), else None."""
+    bad_fork = getattr(getattr(sys.modules.get("torch"), "cuda", None), "_is_in_bad_fork", None)
+    if bad_fork is None or not bad_fork():
+        return None
+    return (
+        "error: this trial was forked from a process that had initialised CUDA, which it "
+        "cannot use; run the sweep again from a new process (scripts/sweep.py)"
     )
 
 
@@ -216,6 +254,10 @@ def _trial_main(command: list[str], out: str, err: str, env: dict, server: int) 
         sys.argv = list(command[1:])
         signals.hold_for_process()  # as scripts/train.py does, before anything else
         _stop_with_server(server)
+        refused = inherited_cuda()
+        if refused:
+            print(refused, file=sys.stderr)
+            return  # exit code 1
         from .train import train_main
 
         code = train_main(command[2:])

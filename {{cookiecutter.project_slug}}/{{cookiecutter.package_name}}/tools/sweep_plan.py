@@ -15,6 +15,7 @@ import subprocess
 from ..config import load_config
 from ..errors import ConfigError
 from ..utils import locks, run_files
+from .sweep_launch import visible_gpus
 
 # Set per trial by the sweep: a fixed override of one of these would be overwritten.
 PER_TRIAL = ("run.name", "train.resume")
@@ -178,10 +179,8 @@ def slots_for(parallel: int, gpus: str | None) -> list[dict]:
         raise ConfigError(f"--parallel must be >= 1, got {parallel}")
     if parallel == 1 and gpus is None:
         return [{}]
-    if gpus is None:
-        import torch
-
-        gpus = ",".join(str(i) for i in range(torch.cuda.device_count()))
+    if gpus is None:  # counted in a child process: this one leaves CUDA alone
+        gpus = ",".join(visible_gpus())
     ids = [g.strip() for g in gpus.split(",") if g.strip()]
     if ids:
         return [{"env": {"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]}} for i in range(parallel)]

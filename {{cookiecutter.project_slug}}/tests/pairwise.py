@@ -59,7 +59,7 @@ AXES: dict[str, list] = {
     # train.freeze_epochs: 1 freezes the backbone for the first epoch, then trains it (with
     # sharded parameters and bf16, that unfreeze once failed)
     "freeze": [0, 1],
-    "ema": [0, 0.9],  # train.ema_decay: the weights' average is validated, saved, exported
+    "ema": [0, 0.9],  # train.ema_decay: the weights' average is validated, saved and read back
     # The one setting each resume changes: train.lr halved, train.amp off <-> bf16 (fp16 ->
     # bf16), train.channels_last flipped (refused on non-image inputs), run.seed (refused).
     "resume_change": ["lr", "amp", "channels_last", "seed"],

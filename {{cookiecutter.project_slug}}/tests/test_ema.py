@@ -1,5 +1,5 @@
 """train.ema_decay: the weights' exponential moving average, updated after each step, is what
-validation scores and best.pt, evaluate, predict and export read; it resumes bitwise."""
+validation scores and what best.pt and the tools read; it resumes bitwise."""
 
 from __future__ import annotations
 

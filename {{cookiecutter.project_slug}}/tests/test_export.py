@@ -79,6 +79,7 @@ def test_each_format_loads_back_and_matches_the_model(best, fmt, tmp_path):
     record = checkpoint.load(best)["meta"]["record"]
     assert meta["trained_from"]["config_sha256"] == record["config_sha256"]
     assert meta["trained_from"]["commit"] == record["code"]["commit"]
+    assert meta["trained_from"]["data"] == record["data"]  # none: synthetic data
     parity = meta["parity"]
     assert parity["passed"] and parity["inputs"] == "validation" and parity["samples"] == 64
     # Another batch size than the one exported with: the batch dimension is dynamic.

@@ -1,7 +1,7 @@
 """Weight averaging (train.ema_decay > 0): an exponential moving average of the weights,
 updated after each optimizer step. It is what validation scores, what picks best.pt and what
-evaluate.py, predict.py and export.py read (checkpoint.model_weights takes a checkpoint's
-"ema" entry first); "model" stays the weights being trained, which a resume continues.
+the tools read (checkpoint.model_weights takes a checkpoint's "ema" entry first); "model"
+stays the weights being trained, which a resume continues.
 
 torch.optim.swa_utils.AveragedModel with get_ema_multi_avg_fn (one foreach lerp per dtype):
 ema = decay * ema + (1 - decay) * weights, the first update a copy. use_buffers=True averages

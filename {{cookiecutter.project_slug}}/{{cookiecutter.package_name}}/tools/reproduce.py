@@ -1,8 +1,9 @@
 """scripts/reproduce.py: compare a run's record (run.json, utils/provenance.py) with now, one
 line per difference, then train the run again from its config.yaml into a new run folder and
 compare the two runs' metrics.csv and final weights. Also what the other tools show of a
-record: evaluate.py's and predict.py's drift line, export's trimmed record, compare_runs.py's
-columns."""
+record: evaluate.py's and predict.py's drift line,
+export's trimmed record,  # feature: export
+compare_runs.py's columns."""
 
 from __future__ import annotations
 
@@ -204,6 +205,7 @@ def drift(record: dict | None, output_dir: str) -> str | None:
     return f"note: trained on other code or data than is here: {'; '.join(lines[:2])}{more}"
 
 
+# >>> export
 def trimmed(record: dict | None) -> dict | None:
     """What a serving team needs of a record (export's JSON): the code, torch, the config's
     hash, the data's digests."""
@@ -217,6 +219,7 @@ def trimmed(record: dict | None) -> dict | None:
         "config_sha256": record.get("config_sha256"),
         "data": [{k: v for k, v in d.items() if k != "size"} for d in record.get("data", [])],
     }
+# <<< export
 
 
 def flat(record: dict | None) -> dict:

@@ -79,6 +79,7 @@ class Loop:
     stop: StopSignal
     vote: distributed.StopVote  # the ranks agree on a stop every couple of seconds
     said: set = field(default_factory=set)  # the validation notes printed
+    hooks: list = field(default_factory=list)  # called after each step: train.py --profile
 
 
 def run_epochs(loop: Loop, ckpts: CheckpointManager) -> tuple[dict, str | None]:
@@ -167,6 +168,8 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
         progress.epoch_samples += loop.data.effective_batch // accum * micro
         since_log += 1
         bar.update()
+        for hook in loop.hooks:
+            hook(loop)
 
         last = i == steps_left - 1
         at_limit = 0 < cfg.train.max_steps <= progress.step

@@ -50,15 +50,15 @@ EXIT_PREEMPTED = EXIT_STOPPED  # stopped (SIGTERM/SIGUSR1/Ctrl-C) after saving; 
 COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do
 
 
-def fit(cfg: Config) -> dict:
-    """Train as `cfg` says; returns the last validation metrics, where the run stopped and
-    the trained model. Joins the process group under torchrun and leaves it at the end."""
+def fit(cfg: Config, hooks=()) -> dict:
+    """Train as `cfg` says, calling `hooks` with the loop after each step (--profile); returns
+    the last metrics, where it stopped, the model. Joins torchrun's process group and leaves it."""
     stop = StopSignal()
     stop.install()  # from the start: a signal during set-up stops the run after one step
     try:
         dist, device = distributed.setup(cfg.run.device, cfg.train.cpu_offload)  # feature: fsdp
         dist, device = distributed.setup(cfg.run.device)  # feature: !fsdp
-        return train(cfg, dist, device, stop)
+        return train(cfg, dist, device, stop, hooks)
     finally:
         # After train()'s frame is gone: no DDP (its gloo work holds Python objects) outlives
         # the group. The signal handlers stay past it: a 2nd SIGTERM then is only noted.
@@ -66,7 +66,7 @@ def fit(cfg: Config) -> dict:
         stop.restore()
 
 
-def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -> dict:
+def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal, hooks=()):
     """The recipe. Everything is built and checked before anything is written, so bad input
     leaves no trace; then resume (or refuse to overwrite a run), train, summarise."""
     started = time.perf_counter()
@@ -96,7 +96,7 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal) -
             log = open_run_folder(cfg, ckpts, progress.step, (state or {}).get("trackers"))
             announce(cfg, dist, device, data, trainee, threads, progress.step if state else None)
         vote = distributed.StopVote(stop, device, progress.step)
-        loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote)
+        loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote, hooks=[*hooks])
         metrics, stopped = run_epochs(loop, ckpts)
         test = score_test(cfg, dist, device, data, trainee, test_set, stopped in COMPLETE)
         if dist.is_main:

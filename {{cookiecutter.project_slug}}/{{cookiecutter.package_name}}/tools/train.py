@@ -27,6 +27,15 @@ def train_main(argv: list[str] | None = None) -> int:
         help="print every setting (the chosen data, model and task's own too) with its value "
         "and meaning, as YAML a --config file can hold, and exit",
     )
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const=5,
+        type=int,
+        metavar="STEPS",
+        help="profile STEPS optimizer steps (default 5) after 3 of warm-up on rank 0: a trace, "
+        "the top operators and on CUDA a memory snapshot in <run folder>/profile*/",
+    )
     args = parser.parse_args(argv)
     where: dict = {}
 
@@ -35,14 +44,16 @@ def train_main(argv: list[str] | None = None) -> int:
         from ..config.describe import describe
         from ..distributed import lost_peer
         from ..trainer import COMPLETE, fit
+        from .profiling import StepProfiler
 
         cfg = load_config(args.config, [*args.overrides, *smoke_overrides()])
         if args.show_config:
             print(describe(cfg), end="")
             return 0
         where["path"] = Path(cfg.run.output_dir) / cfg.run.name
+        hooks = [StepProfiler(args.profile)] if args.profile else []
         try:
-            result = fit(cfg)
+            result = fit(cfg, hooks)
         except Exception as exc:
             # Under torchrun, another rank's death: one line on each rank left, and the exit
             # code of a stop (75: rerun to resume), not a traceback of the collective.
@@ -51,6 +62,9 @@ def train_main(argv: list[str] | None = None) -> int:
                 raise
             print(f"error: {line}", file=sys.stderr)
             return EXIT_STOPPED
+        finally:
+            for hook in hooks:  # a run shorter than the profile: what it profiled
+                hook.finish()
         return EXIT_STOPPED if result["stopped"] not in COMPLETE else 0
 
     return guard(run, args.debug, where)

@@ -60,6 +60,7 @@ AXES: dict[str, list] = {
     # sharded parameters and bf16, that unfreeze once failed)
     "freeze": [0, 1],
     "ema": [0, 0.9],  # train.ema_decay: the weights' average is validated, saved and read back
+    "nonfinite": ["stop", "skip"],  # train.on_nonfinite: skip agrees on every step over ranks
     # The one setting each resume changes: train.lr halved, train.amp off <-> bf16 (fp16 ->
     # bf16), train.channels_last flipped (refused on non-image inputs), run.seed (refused).
     "resume_change": ["lr", "amp", "channels_last", "seed"],

@@ -199,6 +199,7 @@ def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]
         f"run.deterministic={str(case['deterministic']).lower()}",
         f"train.freeze_epochs={case['freeze']}",
         f"train.ema_decay={case['ema']}",
+        f"train.on_nonfinite={case['nonfinite']}",
     ]
     if case["early_stop"]:  # no epoch improves by 100: stops after the second epoch
         args += ["train.early_stop_patience=1", "train.early_stop_min_delta=100"]

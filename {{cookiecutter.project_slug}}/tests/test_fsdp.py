@@ -29,11 +29,12 @@ from {{ cookiecutter.package_name }}.activation_checkpointing import checkpoint_
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
 from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.nonfinite import NonFiniteLoss
 from {{ cookiecutter.package_name }}.tasks.classification import Classification
 from {{ cookiecutter.package_name }}.tasks.classification import Options as ClassificationOptions
 from {{ cookiecutter.package_name }}.tools.consolidate import consolidate_main
 from {{ cookiecutter.package_name }}.tools.evaluate import evaluate_checkpoint
-from {{ cookiecutter.package_name }}.trainer import NonFiniteLoss, evaluate, fit
+from {{ cookiecutter.package_name }}.trainer import evaluate, fit
 
 slow = pytest.mark.slow
 CPU = torch.device("cpu")

@@ -24,8 +24,9 @@ from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.checkpoint import RunFolder
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import CheckpointError, ConfigError
+from {{ cookiecutter.package_name }}.nonfinite import NonFiniteLoss
 from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler, continue_schedule
-from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, NonFiniteLoss, fit
+from {{ cookiecutter.package_name }}.trainer import EXIT_PREEMPTED, fit
 
 
 def run_dir(tiny, name="default") -> Path:

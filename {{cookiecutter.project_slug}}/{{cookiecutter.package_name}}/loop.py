@@ -21,16 +21,12 @@ from .checkpoint import CheckpointManager, Progress
 from .config import Config
 from .data import set_epoch
 from .distributed import DistInfo
-from .errors import UserError
+from .nonfinite import read_losses, skip_step
 from .summary import report_epoch
 from .utils.device import autocast, to_device
 from .utils.logger import MetricLogger
 from .utils.signals import StopSignal
 from .validation import evaluate, notes
-
-
-class NonFiniteLoss(UserError):
-    pass
 
 
 @dataclass
@@ -245,6 +241,10 @@ def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
         total = total + loss.detach()
     trainee.scaler.unscale_(trainee.optimizer)  # clip the true gradients, not fp16-scaled ones
     grad_norm = parallel.clip_grad_norm_(params, cfg.grad_clip or math.inf)
+    if cfg.on_nonfinite == "skip" and skip_step(loop, total, grad_norm):  # nonfinite.py
+        trainee.scaler.update()  # fp16: the scale backs off, as for the scaler's own skips
+        trainee.optimizer.zero_grad(set_to_none=True)
+        return torch.full_like(total, math.nan), grad_norm  # left out of the logged mean
     trainee.scaler.step(trainee.optimizer)  # skipped when fp16 gradients overflowed (no error)
     trainee.scaler.update()
     trainee.optimizer.zero_grad(set_to_none=True)
@@ -252,26 +252,6 @@ def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
     if trainee.ema is not None:
         trainee.ema.update_parameters(trainee.model)
     return total / micro_batches, grad_norm
-
-
-def read_losses(loop: Loop, losses: list[torch.Tensor], steps: int) -> tuple[float, bool]:
-    """Mean loss over ranks of the last `steps` steps, and whether any rank was asked to stop.
-    Raises NonFiniteLoss naming the first step whose loss was not finite."""
-    step_losses = torch.stack(losses).view(steps, -1).mean(1)  # (steps,): one mean per step
-    bad = ~torch.isfinite(step_losses)
-    first = bad.float().argmax() + (loop.progress.step - steps + 1)
-    first_bad = torch.where(bad.any(), first, -1).float()
-    # One small collective carries everything the ranks must agree on.
-    asked = torch.tensor(float(loop.stop.requested), device=loop.device)
-    flags = distributed.all_reduce_max(torch.stack([first_bad, asked]))
-    total = distributed.all_reduce_sum(step_losses.sum())
-    bad_step, any_stop = flags.tolist()
-    if bad_step >= 0:
-        raise NonFiniteLoss(
-            f"loss is not finite at step {int(bad_step)}; stopped, the last good checkpoint "
-            "is kept (lower train.lr, use train.amp=bf16, or check the data)"
-        )
-    return total.item() / loop.dist.world_size / steps, bool(any_stop)
 
 
 def save(loop: Loop, ckpts: CheckpointManager, is_best: bool, report=None) -> None:

@@ -157,6 +157,9 @@ def report_epoch(loop, stats: dict, metrics: dict, train_time: float, is_best: b
         "time/train_s": train_time,
         "throughput/samples_per_s": stats["samples"] / train_time,
     }
+    skipping = loop.cfg.train.on_nonfinite == "skip"
+    if skipping:  # steps dropped as not finite, in all (nonfinite.py)
+        row["train/skipped_steps"] = progress.skipped
     memory_name, row[memory_name] = memory_mb(loop.device)
     loop.log.epoch(row)
     if loop.dist.is_main:
@@ -165,6 +168,7 @@ def report_epoch(loop, stats: dict, metrics: dict, train_time: float, is_best: b
             f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
             f"val {' '.join(f'{k} {v:.4f}' for k, v in shown.items())}"
             f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
+            f"{f'skipped {progress.skipped} steps | ' if skipping and progress.skipped else ''}"
             f"{row['throughput/samples_per_s']:.0f} samples/s | "
             f"{memory_name.split('/')[1].removesuffix('_mb').replace('_', ' ')} "
             f"{row[memory_name]:.0f} MB"

@@ -25,7 +25,7 @@ from .data import build_datasets, build_loader, close_loader, drop_note, example
 from .distributed import DistInfo
 from .errors import EXIT_STOPPED, ConfigError
 from .fsdp import even_batches, is_sharded, memory_report, shard  # feature: fsdp
-from .loop import Data, Loop, NonFiniteLoss, Trainee, run_epochs
+from .loop import Data, Loop, Trainee, run_epochs
 from .models import architecture, build_model, model_io, preprocessing
 from .optim import (
     build_optimizer,
@@ -44,7 +44,7 @@ from .utils.signals import StopSignal
 from .utils.trackers import check_installed
 from .validation import evaluate, held_out_test, score_test
 
-__all__ = ["EXIT_PREEMPTED", "NonFiniteLoss", "build_data", "evaluate", "fit"]
+__all__ = ["EXIT_PREEMPTED", "build_data", "evaluate", "fit"]
 
 EXIT_PREEMPTED = EXIT_STOPPED  # stopped (SIGTERM/SIGUSR1/Ctrl-C) after saving; rerun to resume
 COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do

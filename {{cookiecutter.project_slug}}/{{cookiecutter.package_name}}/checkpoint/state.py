@@ -34,6 +34,8 @@ class Progress:
     train_seconds: float = 0.0  # time in completed training epochs (no validation), all sessions
     samples: int = 0  # samples trained on in those epochs: with train_seconds, the throughput
     metrics: dict = field(default_factory=dict)  # the last validation metrics
+    skipped: int = 0  # steps dropped as not finite (train.on_nonfinite=skip), all sessions
+    skipped_in_a_row: int = 0  # of them, the last ones in a row (train.max_skipped stops)
 
     def improves(
         self,

@@ -79,6 +79,11 @@ class TrainConfig:
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (norm still logged)
+    # A step whose loss or gradient norm is inf/nan: stop the run (one line, the last good
+    # checkpoint kept) | skip it on every rank (nonfinite.py; a GPU wait per step), stopping
+    # after max_skipped in a row
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    max_skipped: int = 10
     # Weight averaging: an EMA of the weights after each step (ema.py), validated, best.pt's
     # and the tools' weights; 0 = off. 0.999 averages about the last 1000 steps.
     ema_decay: float = 0.0

@@ -25,6 +25,7 @@ def validate(cfg: Config) -> None:
         ("train.grad_accum_steps", cfg.train.grad_accum_steps >= 1, ">= 1"),
         ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
         ("train.ema_decay", 0 <= cfg.train.ema_decay < 1, "in [0, 1) (0 = no averaging)"),
+        ("train.max_skipped", cfg.train.max_skipped >= 1, ">= 1"),
         ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
         ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
         ("train.freeze_epochs", cfg.train.freeze_epochs >= -1, ">= 0, or -1 (always frozen)"),

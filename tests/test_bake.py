@@ -385,9 +385,11 @@ FEATURE_TRACES = {
         r"|sharded (checkpoint|model|state)|shard (folder|index|file)",
         re.IGNORECASE,
     ),
-    # export's words; a shell's `export NAME=` is not one.
+    # export's words; a shell's `export NAME=` is not one, nor the GPU check's
+    # --export-goldens (its loss traces, in every project with the GPU check).
     "export": re.compile(
-        r"onnx|torchscript|\.pt2\b|serving|\bexport(s|ed|ing|er)?\b(?! [A-Z_]+=)", re.IGNORECASE
+        r"onnx|torchscript|\.pt2\b|serving|\bexport(s|ed|ing|er)?\b(?! [A-Z_]+=)(?!-goldens)",
+        re.IGNORECASE,
     ),
     "sweeps": re.compile(r"sweep|optuna", re.IGNORECASE),
     "trackers": re.compile(r"wandb|mlflow|mlruns", re.IGNORECASE),

@@ -256,7 +256,7 @@ def run_all(args, machine: Machine) -> int:
     kept_note = f"; outputs kept in {workdir}" if args.keep else ""
     print(f"{report.summary_line(final, time.monotonic() - start)}{kept_note}")
     if args.export_goldens and not stopped:
-        print(goldens.export(args.export_goldens, machine, results))
+        print(goldens.save(args.export_goldens, machine, results))
     print(report.block_text(block))
     return report.exit_code(final)
 

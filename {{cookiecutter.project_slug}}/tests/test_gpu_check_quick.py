@@ -244,6 +244,23 @@ def test_list_prints_each_set_with_its_estimate(capsys):
     assert sorted(names) == sorted([*QUICK, *(s.name for s in registry.CHECKS)])
 
 
+def test_the_readme_s_gpu_section_and_the_page_start_with_the_quick_check():
+    """Both say what it proves, its estimate as --list prints it (to the nearest 10 s) and the
+    keys of its block, before the whole check."""
+    low, high = (round(s, -1) for s in registry.estimate(registry.QUICK))
+    keys = list(gpu_check.report.block({"checks": []}, CPU, 0.0))
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## GPU check") :].split("\n## ")[0]
+    page = (ROOT / "docs" / "gpu-check.md").read_text()
+    first = page[page.index("## First: the quick check") : page.index("## Every GPU path")]
+    for text in (" ".join(section.split()), " ".join(first.split())):
+        assert f"{low:.0f} to {high:.0f} s" in text and "240 s" in text
+        assert text.index("gpu-check-quick") < text.index("trace")
+        assert all(key in text for key in keys), keys
+    assert section.index("make gpu-check-quick") < section.index("make gpu-check`")
+    assert page.index("## First: the quick check") < page.index("## Every GPU path")
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_gpu_check_quick_runs_the_quick_set_into_its_own_report():
     line = subprocess.run(
@@ -304,13 +321,13 @@ def passed_trace(losses=LOSSES, status="pass") -> list[dict]:
 
 def test_goldens_are_written_under_their_key_and_compared_on_it_only(tmp_path):
     path = str(tmp_path / "goldens.json")
-    assert "quick_trace did not pass" in goldens.export(path, H200, passed_trace(status="FAIL"))
-    line = goldens.export(path, H200, passed_trace())
+    assert "quick_trace did not pass" in goldens.save(path, H200, passed_trace(status="FAIL"))
+    line = goldens.save(path, H200, passed_trace())
     here = goldens.key(H200)
     assert here == f"NVIDIA H200 | torch {torch.__version__} | CUDA {torch.version.cuda}"
     assert line == f"goldens: 8 losses written to {path} as {here!r}"
     h100 = common.Machine("cuda", 1, (9, 0), "NVIDIA H100 80GB HBM3")
-    goldens.export(path, h100, passed_trace(bumped(LOSSES, 0, 0.1)))  # a second key, kept
+    goldens.save(path, h100, passed_trace(bumped(LOSSES, 0, 0.1)))  # a second key, kept
     stored = goldens.read(path)
     assert stored[here]["losses"] == LOSSES and set(stored) == {here, goldens.key(h100)}
 

@@ -231,8 +231,9 @@ def test_a_trial_forked_from_a_process_with_cuda_stops_with_one_line(monkeypatch
 
 @pytest.mark.slow
 def test_parallel_trials_on_the_gpus_given_say_which_they_start_on(tmp_path):
-    """--gpus 0,1 --parallel 2: each trial's started line names its GPU (the GPU check
-    reads them; on this CPU-only machine the trials train on the CPU all the same)."""
+    """--gpus 0,1 --parallel 2: each trial's started line names its GPU (what a reader of the
+    sweep's output checks; on a machine without GPUs the trials train on the CPU all the
+    same)."""
     args = sweep_cmd(tmp_path, "--name", "g", "--parallel", "2", "--gpus", "0,1")
     proc = run_script(*args, "train.lr=1e-3,2e-3", "train.epochs=1", env=env())
     assert proc.returncode == 0, proc.stderr

@@ -53,7 +53,7 @@ def observed(results: list[dict]) -> dict | None:
     return None
 
 
-def export(path: str, machine: Machine, results: list[dict]) -> str:
+def save(path: str, machine: Machine, results: list[dict]) -> str:
     """Write this run's trace to `path` under this machine's key; the line to print."""
     trace = observed(results)
     if trace is None:
@@ -80,7 +80,7 @@ def judge(c: Check, goldens: dict, results: list[dict]) -> tuple[str, str]:
         held = "; ".join(goldens) or "none"
         return "skip", f"no golden of {here!r} (the file holds: {held}); not compared"
     if golden.get("settings") != trace["settings"]:
-        return "skip", f"the golden of {here!r} is of other settings: export it again"
+        return "skip", f"the golden of {here!r} has other settings: --export-goldens anew"
     ours, theirs = trace["losses"], golden.get("losses") or []
     if len(ours) != len(theirs):
         return "FAIL", f"{len(ours)} losses against the golden's {len(theirs)}"

@@ -9,14 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import TEMPLATE
+from test_doc_runner import collect
 
 
 def setup_commands() -> list[str]:
+    """The set-up block's commands. It is marked `needs network` (pip reaches PyPI), so the
+    doc-runner leaves it to these tests, which check it piece by piece and run its bake."""
     readme = (TEMPLATE / "README.md").read_text()
-    block = re.search(r"## Set up\n+```bash\n(.*?)```", readme, re.S).group(1)
-    return [line for line in block.splitlines() if line and not line.startswith("#")]
+    (block,) = collect(readme.split("## Set up")[1].split("\n## ")[0], "README.md")
+    assert block.needs == ("network",)
+    return block.commands
 
 
 def test_readme_has_exactly_two_setup_commands():
@@ -86,49 +89,14 @@ def test_baked_readme_states_the_description_once(bake):
     assert intro[0] == "Classifies cats." and not intro[1].startswith("A PyTorch project")
 
 
-@pytest.mark.slow
-def test_baked_readme_quick_start_runs(bake):
-    """Every command of the baked README's one-screen start, as written, in a fresh bake, then
-    those of its environment section. Two are left to other tests: `make env` (the
-    real-environment tests of the hooks) and `tensorboard --logdir`, a server (its events are
-    checked by the baked suite)."""
-    project = bake()
-    readme = (project / "README.md").read_text()
-
-    def block(heading: str) -> list[str]:
-        pattern = rf"## {heading}\n+(?:[^\n]*\n\n)?```bash\n(.*?)```"
-        text = re.search(pattern, readme, re.S).group(1)
-        return [line.split("  #")[0].strip() for line in text.splitlines() if line.strip()]
-
-    start, environment = block("Start here"), block("Environment[^\n]*")
-    assert start[0] == "make smoke" and "--show-config" in start[-1]
-    assert environment[0] == "make env" and environment[-1].startswith("tensorboard --logdir")
+def test_baked_readme_starts_with_one_screen_of_commands(bake):
+    """The README's first section is the one-screen start: the smoke test, then train,
+    evaluate, predict and the settings (tests/test_doc_runner.py runs them, as every block)."""
+    readme = (bake() / "README.md").read_text()
+    start = readme.split("## Start here")[1].split("\n## ")[0]
+    (block,) = collect(start, "README.md")
+    assert block.commands[0].startswith("make smoke") and not block.needs
+    assert "--show-config" in block.commands[-1]
     order = [readme.index(f"## {heading}") for heading in ("Start here", "Environment", "Layout")]
     assert order == sorted(order)
-    assert len(readme.split("## Start here")[1].split("\n## ")[0].splitlines()) <= 40  # a screen
-    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
-    for command in start + environment[1:-1]:
-        proc = subprocess.run(
-            command, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-    assert (project / "checkpoints" / "default" / "best.pt").is_file()
-    assert (project / "checkpoints" / "default" / "predictions.csv").is_file()
-
-
-@pytest.mark.slow
-def test_baked_agents_md_commands_run_as_written(bake):
-    """AGENTS.md's commands, as written, in a fresh bake; `make install` and `make test` are
-    left to the tests that install a baked project and run its suite."""
-    project = bake()
-    text = (project / "AGENTS.md").read_text()
-    block = re.search(r"## Commands\n+```bash\n(.*?)```", text, re.S).group(1)
-    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
-    assert commands[:2] == ["make install", "make test"] and "--show-config" in commands[-1]
-    env = {**os.environ, "PYTHONPATH": str(project), "OMP_NUM_THREADS": "1"}
-    for command in commands[2:]:
-        proc = subprocess.run(
-            command, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-    assert (project / "checkpoints" / "default" / "best.pt").is_file()
+    assert len(start.splitlines()) <= 40  # a screen

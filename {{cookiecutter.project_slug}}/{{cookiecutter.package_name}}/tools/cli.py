@@ -41,9 +41,9 @@ def make_parser(description: str, example: str) -> Parser:
     return parser
 
 
-# docs/testing.md: key=value overrides every training run (a sweep's trials and torchrun's
-# ranks too) applies after its command line's, e.g. train.max_steps=2: the documented
-# commands, run as written, at smoke sizes.
+# docs/testing.md: key=value overrides every training run (scripts/train.py, and so every rank
+# of a torchrun and every tool that starts it) applies after its command line's, e.g.
+# train.max_steps=2: the documented commands, run as written, at smoke sizes.
 SMOKE_VARIABLE = "SMOKE_OVERRIDES"
 
 

@@ -153,6 +153,26 @@ def test_each_difference_is_one_line_and_the_rerun_is_refused(repo, capsys, chan
     assert sorted(p.name for p in run.parent.iterdir()) == [".hashes.json", "default"]
 
 
+def test_a_resume_keeps_the_first_record_and_lists_what_changed(repo, capsys):
+    cfg, _ = table_run(repo)
+    run = run_folder(cfg)
+    first = json.loads((run / "run.json").read_text())
+    (repo / "model.py").write_text("width = 12\n")  # the resume runs other code
+    provenance.code_state.cache_clear()
+    record, diff = provenance.collect(cfg, to_dict(cfg), 1)
+    provenance.write(run, record, diff)
+    kept = json.loads((run / "run.json").read_text())
+    assert kept["code"] == first["code"] and not (run / "diff.patch").exists()
+    [resume] = kept["resumes"]
+    assert resume["changes"] == ["code: uncommitted changes none then, " + _dirty_now(record)]
+    assert reproduce_main(ROOT / "scripts", [str(run), "--check"]) == 1
+    assert "at its resume of " in capsys.readouterr().out
+
+
+def _dirty_now(record: dict) -> str:
+    return f"yes ({record['code']['diff_sha256'][:12]}) now"
+
+
 def test_the_same_checkout_and_data_pass_the_check(repo, capsys):
     cfg, _ = table_run(repo)
     run = run_folder(cfg)

@@ -38,9 +38,9 @@ def reproduce_main(scripts: Path, argv: list[str] | None = None) -> int:
         lines = compare_now(record, cfg, to_dict(cfg))
         for line in lines:
             print(line)
-        for i, changes in enumerate(record.get("resumes", []), 1):
-            for change in changes:  # the run itself did not train on one thing throughout
-                print(f"at resume {i}: {change}")
+        for resume in record.get("resumes", []):  # the run itself changed as it went
+            for change in resume.get("changes", []):
+                print(f"at its resume of {resume.get('at')}: {change}")
         if args.check:
             if not lines:
                 print("same code, software, machine and data as the run's record")

@@ -21,6 +21,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -61,13 +62,17 @@ def write(run_dir: Path, record: dict, diff: str) -> None:
     resumed run keeps the record of its first start and lists what changed at each resume."""
     path = run_dir / RECORD
     earlier = read(run_dir)
-    if earlier is not None:
+    if earlier is not None:  # each resume: when, and what differed from the first start
         changes = differences(earlier, record)
-        earlier.setdefault("resumes", []).append(changes)
+        earlier.setdefault("resumes", []).append({"at": _now(), "changes": changes})
         record = earlier
     elif diff and len(diff.encode()) <= PATCH_CAP:
         replace_text(run_dir / PATCH, diff)
     replace_text(path, json.dumps(record, indent=1, sort_keys=False) + "\n")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def read(run_dir: Path) -> dict | None:

@@ -575,18 +575,24 @@ def test_each_case_s_metadata_follows_its_answers(baked_cases, number):
 
 
 def test_every_path_named_by_readme_and_makefile_exists(bake):
+    """The paths the baked README, AGENTS.md, Makefile and docs name, from the project's root
+    or its package's (`tools/export.py`); the scripts and modules they name bare; the config
+    keys they name (a section's, or a registered component's option); and the paths the
+    template README names, in the template or in this bake."""
     project = bake()
+    package = project / "my_pytorch_project"
     pages = [project / "README.md", project / "Makefile", *(project / "docs").glob("*.md")]
     pages.append(project / "AGENTS.md")
     text = "".join(page.read_text() for page in pages)
-    named = set(
-        re.findall(r"(?<![\w/.-])((?:scripts|configs|tests|data|checkpoints)/[\w./-]+\.\w+)", text)
-    )
-    named |= set(re.findall(r"(?<![\w/.-])(my_pytorch_project/[\w./-]+\.py)", text))
+    prefixes = "scripts|configs|tests|data|checkpoints|docs|tools|models|tasks|utils|checkpoint"
+    path = rf"(?<![\w/.-])((?:{prefixes}|config|my_pytorch_project)/[\w./-]+\.\w+)"
+    named = set(re.findall(path, text))
     generated = {
         "checkpoints/default/best.pt",
         "checkpoints/default/last.pt",
         "checkpoints/default/best.full.pt",  # written by scripts/consolidate.py
+        "checkpoints/fsdp/best.pt",  # docs/distributed.md's fsdp run
+        "checkpoints/fsdp/best.full.pt",
         "checkpoints/default/predictions.csv",  # written by scripts/predict.py --out
         "data/train.pt",
         "data/val.pt",
@@ -600,7 +606,44 @@ def test_every_path_named_by_readme_and_makefile_exists(bake):
         "data/demo/multilabel.csv",
         "data/demo/regression.csv",
     }
-    missing = sorted(p for p in named - generated if not (project / p).exists())
+    missing = [p for p in named - generated if not (project / p).exists()]
+    missing = sorted(p for p in missing if not (package / p).exists())
+    assert len(named) > 8 and not missing, missing
+    # Scripts and modules by their name alone: `export.py`, `trainer.py`.
+    files = {p.name for p in project.rglob("*.py")} | {"my_data.py", "my_net.py", "l1.py"}
+    bare = set(re.findall(r"(?<![\w/.-])([a-z_]\w*\.py)\b", text))
+    assert bare and not bare - files, sorted(bare - files)
+    # Config keys, as `section.key` (not files, nor code's attribute calls).
+    script = (
+        "import dataclasses, json\n"
+        "from my_pytorch_project.config import SECTIONS, COMPONENTS, components, options_type\n"
+        "fields = lambda cls: {f.name for f in dataclasses.fields(cls)}\n"
+        "keys = {f'{s}.{name}' for s, cls in SECTIONS.items() for name in fields(cls)}\n"
+        "for s in COMPONENTS:\n"
+        "    for name in components(s):\n"
+        "        keys |= {f'{s}.{key}' for key in fields(options_type(s, name))}\n"
+        "print(json.dumps(sorted(keys)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    keys = set(json.loads(proc.stdout or "null") or ()) or pytest.fail(proc.stderr[-2000:])
+    said = re.findall(r"(?<![\w/.-])((?:run|data|model|task|train)\.[a-z]\w*)(?![\w(.])", text)
+    extensions = r"\.(py|json|yaml|csv|pt|md|png|txt|safetensors|bin)$"
+    not_keys = {
+        "train.epoch",  # the README's example of an unknown key
+        "data.test",  # fields of a checkpoint's data record, named as such
+        "data.tuned",
+        "model.hidden",  # docs/extending.md's example model's own option
+        "data.num_targets",  # an attribute in docs/extending.md's example code
+    }
+    unknown = {key for key in said if not re.search(extensions, key)} - keys - not_keys
+    assert len(set(said)) > 40 and not unknown, sorted(unknown)
+    # The template README: its own paths, and the baked project's it describes.
+    readme = (TEMPLATE / "README.md").read_text()
+    path = rf"(?<![\w/.-])((?:hooks|benchmarks|\.ci|{prefixes}|config)/[\w./-]+\.\w+)"
+    named = set(re.findall(path, readme))
+    roots = (TEMPLATE, project, package)
+    missing = sorted(p for p in named - generated if not any((r / p).exists() for r in roots))
     assert len(named) > 8 and not missing, missing
 
 

@@ -483,7 +483,7 @@ ON_CPU = {
     "resumes": ["resume", "smoke", "distributed"],
     "signals": ["ddp", "preemption"],
     "fsdp": ["fsdp", "fsdp_bf16"],  # feature: fsdp
-    "more": ["channels_last", "init_from"],
+    "more": ["channels_last", "init_from", "profile"],
 }
 GPU_ONLY = ["tests", "syncbn", "compile", "compile_ddp"]
 GPU_ONLY += ["cpu_offload", "compile_fsdp"]  # feature: fsdp

@@ -259,6 +259,21 @@ def check_smoke(c: Check) -> str:
     return next((line for line in out.splitlines() if line.startswith("smoke test passed")), "")
 
 
+def check_profile(c: Check) -> str:
+    """scripts/train.py --profile 3: the operator table times the GPU's kernels and the CUDA
+    memory snapshot is written beside the trace."""
+    runs = c.workdir / "profiled"
+    sizes = ["data.train_size=512", "data.val_size=64", "train.epochs=1"]
+    out = c.python("scripts/train.py", "--profile", "3", *sizes, f"run.output_dir={runs}")
+    folder = runs / "default" / "profile"
+    table = (folder / "ops.txt").read_text()
+    if c.machine.device == "cuda" and not (folder / "memory.pickle").is_file():
+        raise Failed("--profile wrote no CUDA memory snapshot", out[-2000:])
+    if c.machine.device == "cuda" and "CUDA" not in table:
+        raise Failed("--profile's operator table has no CUDA time", table[:2000])
+    return next((line for line in out.splitlines() if line.startswith("profile of")), "")
+
+
 def check_combinations(c: Check) -> str:
     """tests/test_combinations.py on this device: every pair of option values trained,
     stopped, resumed and evaluated; fp16 trains here (the CPU refuses it). Minutes:

@@ -58,6 +58,10 @@ CUDA_PATHS = {
         ("utils/provenance.py:software", "utils/provenance.py:machine")
         + ("utils/provenance.py:differences", "tools/reproduce.py:flat"),
     ),
+    "profile": (
+        "train.py --profile: the GPU's kernels in the trace, the CUDA memory snapshot",
+        ("tools/profiling.py:StepProfiler",),
+    ),
     "rng": (
         "CUDA RNG states saved and restored",
         ("utils/seed.py:rng_state", "utils/seed.py:set_rng_state"),
@@ -138,6 +142,7 @@ CHECKS = (
     Spec("init_from", paths.check_init_from, ("device",), 90),
     Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),  # feature: sweeps
     Spec("smoke", paths.check_smoke, ("bf16",), 60),
+    Spec("profile", paths.check_profile, ("profile", "memory"), 60),
     # >>> pretrained
     Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "fsdp"), 240),  # feature: fsdp
     Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "ddp"), 240),  # feature: !fsdp
@@ -161,7 +166,7 @@ QUICK = (
 # (--list prints their estimates), in the order worth running them: numbers first, then
 # several ranks, then compile and what builds on it.
 GROUPS = {
-    "numbers": ["default_run", "numerics", "speed_cnn", "speed_lm", "resume", "smoke"],
+    "numbers": ["default_run", "numerics", "speed_cnn", "speed_lm", "resume", "smoke", "profile"],
     "ranks": ["ddp", "syncbn", "distributed", "preemption", "channels_last", "init_from"],
     "compile": ["tests", "compile", "compile_ddp"],
 }

@@ -45,7 +45,9 @@ class StepProfiler:
         self.profiler = torch.profiler.profile(
             activities=activities,
             record_shapes=True,
-            profile_memory=True,
+            # Memory comes from the CUDA snapshot: torch's own per-operator memory warns of
+            # every block allocated before the profile began.
+            profile_memory=False,
             on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.folder)),
         )
         self.profiler.start()

@@ -131,6 +131,9 @@ def test_the_collector_reads_blocks_commands_and_marks():
         collect("<!-- doc-runner: gpu -->\n```bash\nd\n```\n", "t.md")
     assert check_marks(collect("```bash\nsbatch x.sh\n```\n", "t.md"))
     assert check_marks(collect("<!-- doc-runner: needs gpu -->\n```bash\nls\n```\n", "t.md"))
+    made = "```bash\ntrain.py run.name=a\neval.py checkpoints/a/best.pt\n```\n"
+    assert not follows_the_readme(collect(made, "t.md"))
+    assert follows_the_readme(collect(made.replace("/a/", "/default/"), "t.md"))
 
 
 @pytest.mark.parametrize("answers", [{}, {"preset": "lean"}, {"docker": "yes"}], ids=str)
@@ -196,35 +199,58 @@ def run_chain(project: Path, blocks: list[Block], log: list) -> str | None:
     return None
 
 
+def follows_the_readme(blocks: list[Block]) -> bool:
+    """Whether a page's commands use a run folder none of them makes (after-training.md
+    evaluates checkpoints/default): then it starts where the README left its reader."""
+    text = "\n".join(command for block in blocks if not block.needs for command in block.commands)
+    used = set(re.findall(r"(?<![\w/])checkpoints/([\w.-]+)", text))
+    return bool(used - set(re.findall(r"(?:run\.name=|--name )([\w.-]+)", text)))
+
+
+def cost(blocks: list[Block]) -> int:
+    """A rough measure of a chain's time: its commands, a sweep or a torchrun as five."""
+    commands = [command for block in blocks if not block.needs for command in block.commands]
+    return sum(5 if re.search(r"sweep\.py|torchrun", command) else 1 for command in commands)
+
+
 @pytest.mark.slow
 def test_every_documented_command_runs_as_written(bake, tmp_path):
-    """A full bake runs its README, then each page from where the README left a reader (a copy
-    of that project, the pages two at a time); AGENTS.md runs in a fresh bake of its own, the
-    template README in a copy of the template. Runs are two steps long ($SMOKE_OVERRIDES)."""
+    """The README runs in a full bake; a page that uses its runs follows it in a copy of that
+    project, any other page in a fresh bake of its own, as AGENTS.md; the template README in a
+    copy of the template. Two at a time, each run two steps long ($SMOKE_OVERRIDES)."""
     log: list = []
-    project, agents = bake(), bake()
-    chains = {"AGENTS.md": (agents, collect((agents / "AGENTS.md").read_text(), "AGENTS.md"))}
+    project = bake()  # cookiecutter changes folders: every bake before the threads start
+    chains = {}  # name -> (its project, or None: a copy of the README's; its blocks)
+    for page in reader_order(project)[1:]:
+        blocks = collect((project / page).read_text(), page)
+        if any(not block.needs for block in blocks):
+            chains[page] = (None if follows_the_readme(blocks) else bake(), blocks)
+    agents = bake()
+    chains["AGENTS.md"] = (agents, collect((agents / "AGENTS.md").read_text(), "AGENTS.md"))
     readme = collect((TEMPLATE / "README.md").read_text(), "template README.md")
     if any(not block.needs for block in readme):
         chains["template README.md"] = (copy_template(tmp_path / "template"), readme)
-    pages = reader_order(project)[1:]
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_chain, *chain, log) for name, chain in chains.items()}
+
+    def readme_then_its_followers() -> list:
         failures = [
             run_chain(project, collect((project / "README.md").read_text(), "README.md"), log)
         ]
-        if failures[0] is None:
-            for page in pages:
-                if all(block.needs for block in collect((project / page).read_text(), page)):
-                    continue  # nothing to run: no copy
+        for page, (where, blocks) in chains.items():
+            if where is None and failures[0] is None:
                 copy = shutil.copytree(project, tmp_path / page.replace("/", "-") / project.name)
-                chain = (copy, collect((copy / page).read_text(), page))
-                futures[page] = pool.submit(run_chain, *chain, log)
-        failures += [future.result() for future in futures.values()]
+                failures.append(run_chain(copy, blocks, log))
+        return failures
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = [pool.submit(readme_then_its_followers)]
+        # The longest first, so that the two workers end together.
+        alone = sorted((c for c in chains.values() if c[0]), key=lambda c: -cost(c[1]))
+        jobs += [pool.submit(run_chain, *chain, log) for chain in alone]
+        failures = [f for f in jobs[0].result() + [job.result() for job in jobs[1:]] if f]
     for doc, line, command, seconds, cpu in log:
         print(f"{seconds:6.1f} s {cpu:6.1f} s CPU  {doc}:{line}  {command[:90]}")
     cpu = sum(entry[-1] for entry in log)
     print(f"{len(log)} commands in {time.monotonic() - start:.0f} s, {cpu:.0f} s of CPU")
-    assert not [f for f in failures if f], "\n\n".join(f for f in failures if f)
+    assert not failures, "\n\n".join(failures)
     assert (project / "checkpoints" / "default" / "predictions.csv").is_file()

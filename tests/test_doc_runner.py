@@ -59,7 +59,7 @@ def collect(text: str, doc: str) -> list[Block]:
         if fence[1] not in SHELL:
             continue
         line = text.count("\n", 0, fence.start()) + 1
-        above = text[: fence.start()].rstrip("\n").rpartition("\n")[2] if line > 1 else ""
+        above = text[: max(fence.start() - 1, 0)].rpartition("\n")[2]  # the line before
         mark = MARK.fullmatch(above)
         needs: tuple[str, ...] = ()
         if mark:
@@ -71,7 +71,7 @@ def collect(text: str, doc: str) -> list[Block]:
         body = fence[2].replace("\\\n", " ")  # a continued line is one command
         lines = body.splitlines()
         if fence[1] == "console":  # the prompt's lines; the rest is output
-            lines = [text[2:] for text in lines if text.startswith("$ ")]
+            lines = [row[2:] for row in lines if row.startswith("$ ")]
         commands = [c for c in lines if c.strip() and not c.lstrip().startswith("#")]
         # Each command runs in a shell of its own from the project's root.
         assert not [c for c in commands if re.match(r"\s*(cd|export) ", c)], (doc, line)

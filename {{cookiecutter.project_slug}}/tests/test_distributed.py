@@ -72,8 +72,8 @@ class CountingDDP(DDP):
         return allreduce_hook(state, bucket)
 
 
-def fit_and_dump(cfg):
-    result = fit(cfg)
+def fit_and_dump(cfg, *args):  # args: train.py's hooks
+    result = fit(cfg, *args)
     dump = {
         "model": result["model"].state_dict(),
         "step": result["step"],
@@ -182,6 +182,7 @@ def test_training_under_torchrun_writes_one_run_folder(two_rank_job):
         *plot,
         "last.pt",
         "metrics.csv",
+        "run.json",  # written by rank 0 alone
         "step-00000008.pt",
         "step-00000016.pt",
     ]

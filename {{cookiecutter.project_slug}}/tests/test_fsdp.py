@@ -100,8 +100,8 @@ def slow_clip(*args, **kwargs):
     return clip(*args, **kwargs)
 
 
-def fit_and_dump(cfg):
-    result = fit(cfg)
+def fit_and_dump(cfg, *args):  # args: train.py's hooks
+    result = fit(cfg, *args)
     moments = [t for s in optimizers[0].state.values() for t in s.values() if t.dim() > 0]
     dump = {
         "step": result["step"],

@@ -259,6 +259,4 @@ def save(loop: Loop, ckpts: CheckpointManager, is_best: bool, report=None) -> No
     # (the epoch's row) is written before the checkpoint is named: a kill loses no row.
     ckpts.check_held()
     extra = {"data": loop.data.meta, "io": loop.data.io, "trackers": loop.log.tracker_ids()}
-    if loop.trainee.ema is not None:  # the average, beside the weights a resume trains on
-        extra["ema"] = loop.trainee.ema.state_dict()
     ckpts.save(loop.trainee, loop.progress, extra, is_best, report)

@@ -282,7 +282,7 @@ def open_run_folder(
     trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
     ckpts.open()
     log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids, ckpts.lost)
-    ckpts.write_config(), ckpts.write_record()  # run.json: what made the run
+    ckpts.write_config()
     return log
 
 

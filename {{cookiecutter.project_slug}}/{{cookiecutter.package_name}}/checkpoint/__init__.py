@@ -4,9 +4,8 @@ else; the tools (evaluate, predict, ...) read checkpoints with load().
     ckpt = CheckpointManager(cfg, dist)   # the run folder <run.output_dir>/<run.name>/
     state, path = ckpt.find()             # what train.resume continues from, on every rank
     changed = ckpt.restore(state, trainee, progress, data)
-    ckpt.open()                           # rank 0: the folder's lock, leftovers of a kill
+    ckpt.open()                           # rank 0: the lock, leftovers of a kill, run.json
     ckpt.write_config()                   # rank 0: config.yaml (a resume: at its first save)
-    ckpt.write_record()                   # rank 0: run.json, what made the run (provenance.py)
     ckpt.check_held()                     # the run folder is still this run's (every rank)
     ckpt.save(trainee, progress, extra, is_best, record)   # every epoch and at a stop
     ckpt.close()
@@ -154,10 +153,11 @@ class CheckpointManager:
         return changed
 
     def open(self) -> None:
-        """Rank 0 takes the run folder before writing to it: the lock, and the temporary files
-        of a run killed mid-save removed."""
+        """Rank 0 takes the run folder before writing to it: the lock, the temporary files of
+        a run killed mid-save removed, and run.json (what made the run, before its first step)."""
         self.folder.lock()
         self.folder.remove_stale_temporaries()
+        self.write_record()
 
     def write_config(self) -> None:
         """Rank 0: config.yaml, the settings the run's checkpoints were trained with. Written
@@ -207,6 +207,8 @@ class CheckpointManager:
                 self.dist.world_size,
                 shards,  # feature: fsdp
             )
+            if t.ema is not None:  # the average, beside the weights a resume trains on
+                state["ema"] = t.ema.state_dict()
             if self.record is not None:
                 state["meta"]["record"] = self.record
             self.folder.save({**state, **extra}, progress.step, is_best, record)

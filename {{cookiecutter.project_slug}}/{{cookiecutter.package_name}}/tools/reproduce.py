@@ -30,8 +30,7 @@ def reproduce_main(scripts: Path, argv: list[str] | None = None) -> int:
 
     def run() -> int:
         run_dir = Path(args.run_dir)
-        record, then_settings = _read_run(run_dir)
-        cfg_path = run_dir / "config.yaml"
+        record, cfg_path = _read_run(run_dir)
         from ..config import load_config, to_dict
 
         cfg = load_config(str(cfg_path))

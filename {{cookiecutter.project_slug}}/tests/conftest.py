@@ -144,6 +144,11 @@ def tiny(tmp_path) -> list[str]:
     return [*TINY, f"run.output_dir={tmp_path / 'runs'}"]
 
 
+def tiny_run(tiny: list[str], name: str = "default") -> Path:
+    """The run folder of run `name` under `tiny`'s output folder."""
+    return Path(tiny[-1].split("=", 1)[1]) / name
+
+
 def stop_after(monkeypatch, step: int) -> list[str]:
     """Make fit() in this process stop after optimizer step `step` as SIGTERM does: save
     last.pt where it is (mid-epoch too) without validating, to be resumed. train.max_steps

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import stop_after
+from conftest import stop_after, tiny_run
 
 from {{ cookiecutter.package_name }} import checkpoint, ema, loop
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.tools.inference import load_trained
 from {{ cookiecutter.package_name }}.trainer import fit
-
-
-def run_dir(tiny, name="default"):
-    return load_config(None, tiny).run.output_dir + f"/{name}"
 
 
 def test_the_average_is_the_hand_computed_one_over_three_steps(tiny, monkeypatch):
@@ -37,7 +33,7 @@ def test_the_average_is_the_hand_computed_one_over_three_steps(tiny, monkeypatch
         for key, value in weights.items():
             if value.is_floating_point():
                 expected[key] = 0.5 * expected[key] + 0.5 * value
-    saved = checkpoint.load(f"{run_dir(tiny)}/last.pt")
+    saved = checkpoint.load(f"{tiny_run(tiny)}/last.pt")
     average = ema.weights(saved["ema"])
     assert average.keys() == expected.keys()
     for key, value in expected.items():
@@ -47,7 +43,7 @@ def test_the_average_is_the_hand_computed_one_over_three_steps(tiny, monkeypatch
     assert all(torch.equal(saved["model"][k], seen[-1][k]) for k in seen[-1])
     assert not all(torch.equal(average[k], seen[-1][k]) for k in seen[-1])
     # The tools read the average: best.pt (chosen on the averaged model's validation).
-    best = load_trained(f"{run_dir(tiny)}/best.pt").model.state_dict()
+    best = load_trained(f"{tiny_run(tiny)}/best.pt").model.state_dict()
     assert all(torch.equal(best[k], average[k]) for k in average)
 
 
@@ -60,8 +56,8 @@ def test_a_stopped_and_resumed_run_averages_as_one_that_never_stopped(tiny, monk
     monkeypatch.undo()
     resumed = fit(load_config(None, [*exact, "run.name=split", "train.resume=auto"]))
     assert resumed["metrics"] == straight["metrics"]  # validated on the average
-    a = checkpoint.load(f"{run_dir(tiny, 'straight')}/last.pt")["ema"]
-    b = checkpoint.load(f"{run_dir(tiny, 'split')}/last.pt")["ema"]
+    a = checkpoint.load(f"{tiny_run(tiny, 'straight')}/last.pt")["ema"]
+    b = checkpoint.load(f"{tiny_run(tiny, 'split')}/last.pt")["ema"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

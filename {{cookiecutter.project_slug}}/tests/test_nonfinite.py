@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import stop_after
+from conftest import stop_after, tiny_run
 from test_distributed import STANDALONE, torchrun
 
 from {{ cookiecutter.package_name }} import checkpoint, loop, parallel
@@ -35,20 +35,16 @@ def inject(monkeypatch, bad_steps: set[int]) -> None:
     monkeypatch.setattr(parallel, "clip_grad_norm_", clip_grad_norm_)
 
 
-def run_dir(tiny, name="default"):
-    return f"{load_config(None, tiny).run.output_dir}/{name}"
-
-
 def test_skipped_steps_update_nothing_and_are_counted(tiny, monkeypatch):
     inject(monkeypatch, {3, 20})  # 16 steps an epoch: one skip in each
     result = fit(load_config(None, [*tiny, "train.on_nonfinite=skip"]))
-    state = checkpoint.load(f"{run_dir(tiny)}/last.pt")
+    state = checkpoint.load(f"{tiny_run(tiny)}/last.pt")
     assert state["progress"]["skipped"] == 2 and state["progress"]["skipped_in_a_row"] == 0
     # Two optimizer steps and two schedule steps fewer than the steps taken.
     adam = next(iter(state["optimizer"]["state"].values()))
     assert int(adam["step"]) == result["step"] - 2
     assert state["scheduler"]["last_epoch"] == result["step"] - 2
-    with open(f"{run_dir(tiny)}/metrics.csv") as f:
+    with open(f"{tiny_run(tiny)}/metrics.csv") as f:
         rows = f.read().splitlines()
     header = rows[0].split(",")
     assert [r.split(",")[header.index("train/skipped_steps")] for r in rows[1:]] == ["1", "2"]
@@ -84,8 +80,8 @@ def test_a_resume_across_a_skip_is_bitwise(tiny, monkeypatch):
     inject(monkeypatch, {4})
     resumed = fit(load_config(None, [*exact, "run.name=split", "train.resume=auto"]))
     assert resumed["metrics"] == straight["metrics"]
-    a = checkpoint.load(f"{run_dir(tiny, 'straight')}/last.pt")
-    b = checkpoint.load(f"{run_dir(tiny, 'split')}/last.pt")
+    a = checkpoint.load(f"{tiny_run(tiny, 'straight')}/last.pt")
+    b = checkpoint.load(f"{tiny_run(tiny, 'split')}/last.pt")
     assert a["progress"]["skipped"] == b["progress"]["skipped"] == 1
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
@@ -127,7 +123,7 @@ def test_an_inf_on_one_rank_skips_the_step_on_both(tiny, tmp_path):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     a, b = ranks[0]["model"], ranks[1]["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)  # one step less on both, not on one
-    state = checkpoint.load(f"{run_dir(tiny)}/last.pt")
+    state = checkpoint.load(f"{tiny_run(tiny)}/last.pt")
     assert state["progress"]["skipped"] == 1
     adam = next(iter(state["optimizer"]["state"].values()))
     assert int(adam["step"]) == state["progress"]["step"] - 1

@@ -4,13 +4,14 @@ operators, in a new folder of the run folder each time, never over an earlier on
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from conftest import tiny_run
 
 from {{ cookiecutter.package_name }}.tools.train import train_main
 
 
 def test_a_profile_writes_a_trace_and_a_table_and_a_second_one_keeps_the_first(tiny, capsys):
-    run = Path(tiny[-1].split("=", 1)[1]) / "default"
+    run = tiny_run(tiny)
     assert train_main([*tiny, "train.epochs=1", "--profile", "2"]) == 0
     first = run / "profile"
     [trace] = first.glob("*.pt.trace.json")
@@ -29,5 +30,5 @@ def test_a_profile_writes_a_trace_and_a_table_and_a_second_one_keeps_the_first(t
 
 def test_without_the_flag_nothing_is_profiled(tiny):
     assert train_main([*tiny, "train.epochs=1"]) == 0
-    run = Path(tiny[-1].split("=", 1)[1]) / "default"
+    run = tiny_run(tiny)
     assert not list(run.glob("profile*"))

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, tiny_run
 
 from {{ cookiecutter.package_name }}.config import load_config, save_config, to_dict
 from {{ cookiecutter.package_name }}.tools import compare, reproduce
@@ -220,7 +220,7 @@ def test_compare_runs_shows_record_differences_beside_settings(repo, capsys):
 def test_a_run_reproduced_gives_bitwise_equal_losses_and_weights(tiny, tmp_path):
     done = run_script("scripts/train.py", *tiny, "run.threads=0")
     assert done.returncode == 0, done.stderr
-    run = Path(tiny[-1].split("=", 1)[1]) / "default"
+    run = tiny_run(tiny)
     redone = run_script("scripts/reproduce.py", str(run), timeout=240)
     assert redone.returncode == 0, redone.stdout + redone.stderr
     assert "equal to the original's; final weights bitwise equal" in redone.stdout

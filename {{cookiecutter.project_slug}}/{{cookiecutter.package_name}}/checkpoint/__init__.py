@@ -4,8 +4,8 @@ else; the tools (evaluate, predict, ...) read checkpoints with load().
     ckpt = CheckpointManager(cfg, dist)   # the run folder <run.output_dir>/<run.name>/
     state, path = ckpt.find()             # what train.resume continues from, on every rank
     changed = ckpt.restore(state, trainee, progress, data)
-    ckpt.open()                           # rank 0: the lock, leftovers of a kill, run.json
-    ckpt.write_config()                   # rank 0: config.yaml (a resume: at its first save)
+    ckpt.open()                           # rank 0: the lock, leftovers of a kill
+    ckpt.write_config()                   # rank 0: config.yaml, run.json (a resume: at its first save)
     ckpt.check_held()                     # the run folder is still this run's (every rank)
     ckpt.save(trainee, progress, extra, is_best, record)   # every epoch and at a stop
     ckpt.close()
@@ -89,10 +89,11 @@ class CheckpointManager:
         self.cfg, self.dist = cfg, dist
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
         self.folder = RunFolder(run_dir, cfg.train.keep_last)
-        self._config_due = False  # config.yaml waits for the first save of a resumed run
+        self._config_due = False  # config.yaml, run.json wait for a resumed run's first save
         self.resumed_from: str | None = None
         self.new_run = False  # continues another run's checkpoint as this new run
         self.record: dict | None = None  # rank 0's run.json, kept in each checkpoint's meta
+        self._diff = ""  # the uncommitted changes, diff.patch beside it
 
     @property
     def run_dir(self) -> Path:
@@ -153,27 +154,27 @@ class CheckpointManager:
         return changed
 
     def open(self) -> None:
-        """Rank 0 takes the run folder before writing to it: the lock, the temporary files of
-        a run killed mid-save removed, and run.json (what made the run, before its first step)."""
+        """Rank 0 takes the run folder before writing to it: the lock, and the temporary files
+        of a run killed mid-save removed."""
         self.folder.lock()
         self.folder.remove_stale_temporaries()
-        self.write_record()
 
     def write_config(self) -> None:
-        """Rank 0: config.yaml, the settings the run's checkpoints were trained with. Written
-        now for a new run; for a resumed one with its first checkpoint, so a resume that fails
-        (a refused setting, a first step that fails) leaves the file as it was."""
-        path = self.run_dir / "config.yaml"
-        if not self._config_due or not path.is_file():
-            save_config(self.cfg, path)
-            self._config_due = False
+        """Rank 0: config.yaml, the settings the run's checkpoints were trained with, and
+        run.json (and diff.patch), what made the run: code, software, machine, launcher, data
+        digests (utils/provenance.py). Written now for a new run; for a resumed one with its
+        first checkpoint, so a resume that fails (a refused setting, a full disk, a first step
+        that fails) leaves both files as they were."""
+        self.record, self._diff = provenance.collect(
+            self.cfg, to_dict(self.cfg), self.dist.world_size
+        )
+        if not self._config_due or not (self.run_dir / "config.yaml").is_file():
+            self._write_config()
 
-    def write_record(self) -> None:
-        """Rank 0: run.json (and diff.patch), what made the run: code, software, machine,
-        launcher, data digests (utils/provenance.py)."""
-        record, diff = provenance.collect(self.cfg, to_dict(self.cfg), self.dist.world_size)
-        provenance.write(self.run_dir, record, diff)
-        self.record = record
+    def _write_config(self) -> None:
+        save_config(self.cfg, self.run_dir / "config.yaml")
+        provenance.write(self.run_dir, self.record, self._diff)  # a resume: appended to
+        self._config_due = False
 
     def check_held(self) -> None:
         """Every rank: stop with one line once rank 0's run folder is no longer the one it
@@ -213,8 +214,7 @@ class CheckpointManager:
                 state["meta"]["record"] = self.record
             self.folder.save({**state, **extra}, progress.step, is_best, record)
             if self._config_due:
-                save_config(self.cfg, self.run_dir / "config.yaml")
-                self._config_due = False
+                self._write_config()
 
     def close(self) -> None:
         self.folder.unlock()

@@ -61,6 +61,9 @@ AXES: dict[str, list] = {
     "freeze": [0, 1],
     "ema": [0, 0.9],  # train.ema_decay: the weights' average is validated, saved and read back
     "nonfinite": ["stop", "skip"],  # train.on_nonfinite: skip agrees on every step over ranks
+    # train.micro_batch_size: batches of 16 in parts of 6, 6 and 4, each weighted by its size,
+    # the gradients reduced over ranks without DDP (auto, on out-of-memory: test_microbatch)
+    "micro": [0, 6],
     # The one setting each resume changes: train.lr halved, train.amp off <-> bf16 (fp16 ->
     # bf16), train.channels_last flipped (refused on non-image inputs), run.seed (refused).
     "resume_change": ["lr", "amp", "channels_last", "seed"],
@@ -102,6 +105,11 @@ class Rule:
 # the model's build), so that a case two rules refuse is refused by the first.
 OFFLOAD = "offloading moves fsdp's shards to CPU memory"  # feature: fsdp
 REFUSED = [
+    Rule(
+        {"micro": [6], "sync_bn": [True]},
+        ("train.micro_batch_size", "train.sync_bn=true"),
+        "SyncBatchNorm's collectives in the forward pass would wait for a rank out of memory",
+    ),
     # >>> fsdp
     Rule({"cpu_offload": [True], "strategy": ["ddp"]}, ("train.cpu_offload=true",), OFFLOAD),
     Rule(
@@ -113,6 +121,11 @@ REFUSED = [
         {"ema": [0.9], "strategy": ["fsdp"]},
         ("train.ema_decay",),
         "the average would be of each rank's shards; ddp averages the whole model",
+    ),
+    Rule(
+        {"micro": [6], "strategy": ["fsdp"]},
+        ("train.micro_batch_size", "train.strategy=fsdp"),
+        "fsdp's collectives in forward and backward would wait for a rank out of memory",
     ),
     # <<< fsdp
     Rule({"amp": ["fp16"]}, ("train.amp=fp16",), "fp16 needs a GPU; bf16 runs on CPU", ("cpu",)),

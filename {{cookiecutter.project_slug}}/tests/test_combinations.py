@@ -200,6 +200,7 @@ def case_args(case: dict, data: Path, out: Path, base: Path | None) -> list[str]
         f"train.freeze_epochs={case['freeze']}",
         f"train.ema_decay={case['ema']}",
         f"train.on_nonfinite={case['nonfinite']}",
+        f"train.micro_batch_size={case['micro']}",
     ]
     if case["early_stop"]:  # no epoch improves by 100: stops after the second epoch
         args += ["train.early_stop_patience=1", "train.early_stop_min_delta=100"]
@@ -411,8 +412,9 @@ def batch_norm_counts(model: dict) -> set[int]:
 
 def assert_batch_norm_counted_each_batch_once(args: list, ranks: int, saved, model, start, rerun):
     """Every BatchNorm's num_batches_tracked is the number of training batches rank 0 took
-    (after `start`, init_from's count): a recomputation (train.activation_checkpointing) must
-    not count them twice, and a frozen backbone's (train.freeze_epochs) must not count any."""
+    (after `start`, init_from's count), times the micro-batches each was cut into: a
+    recomputation (train.activation_checkpointing) must not count them twice, and a frozen
+    backbone's (train.freeze_epochs) must not count any."""
     cfg = config_of(args)
     data = trainer.build_loaders(cfg, DistInfo(world_size=ranks), torch.device("cpu"))
     batches = len(data.train_loader)  # whole batches only (drop_last): samples / batch_size
@@ -421,9 +423,11 @@ def assert_batch_norm_counted_each_batch_once(args: list, ranks: int, saved, mod
     per_batch = cfg.train.batch_size * ranks
     # The pretrained models' BatchNorms are all in their backbones: still while frozen.
     frozen = min(cfg.train.freeze_epochs, progress["epoch"])
-    want = start + (progress["epoch"] - frozen) * batches
+    micro = progress["micro_batch"] or cfg.train.batch_size  # train.micro_batch_size
+    parts = -(-cfg.train.batch_size // micro)
+    want = start + (progress["epoch"] - frozen) * batches * parts
     if progress["epoch"] >= cfg.train.freeze_epochs:
-        want += progress["epoch_samples"] // per_batch
+        want += progress["epoch_samples"] // per_batch * parts
     counts = batch_norm_counts(model)
     assert counts == {want}, f"{rerun}\n{counts} vs {want} batches"
 

@@ -485,7 +485,7 @@ ON_CPU = {
     "fsdp": ["fsdp", "fsdp_bf16"],  # feature: fsdp
     "more": ["channels_last", "init_from", "profile"],
 }
-GPU_ONLY = ["tests", "syncbn", "compile", "compile_ddp"]
+GPU_ONLY = ["tests", "syncbn", "compile", "compile_ddp", "out_of_memory"]
 GPU_ONLY += ["cpu_offload", "compile_fsdp"]  # feature: fsdp
 GPU_ONLY += ["sweep_gpus"]  # feature: sweeps
 # >>> pretrained

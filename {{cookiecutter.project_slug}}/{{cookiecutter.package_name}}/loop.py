@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from . import checkpoint, distributed, finetune, parallel
+from . import checkpoint, distributed, finetune, microbatch, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config
 from .data import set_epoch
@@ -116,7 +116,9 @@ def validate_and_save(
     model = loop.trainee.ema.module if loop.trainee.ema is not None else loop.trainee.model
     distributed.sync_buffers(model)
     split = f"the validation split at step {progress.step}"
-    metrics = evaluate(model, data.val_loader, data.task, loop.device, cfg.train.amp, split=split)
+    rows = 2 * progress.micro_batch  # as the loaders: validation batches are twice as large
+    args = (model, data.val_loader, data.task, loop.device, cfg.train.amp)
+    metrics = evaluate(*args, split=split, rows=rows)
     for line in notes(data.task, metrics, best_metric, loop.said) if loop.dist.is_main else ():
         tqdm.write(line)
     if stats["finished"]:
@@ -224,21 +226,11 @@ def log_interval(loop: Loop, losses: list, steps: int, grad_norm, bar: tqdm) -> 
 def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
     """One optimizer step on the next `micro_batches` batches, their gradients accumulated.
     Returns the step's mean loss (on the device, detached) and the gradient norm."""
-    cfg, trainee, device = loop.cfg.train, loop.trainee, loop.device
-    mixed_precision = autocast(device, cfg.amp)
-    total = 0.0
-    for micro in range(micro_batches):
-        x, y = to_device(next(batches), device)
-        if cfg.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        # Reduce gradients across ranks only on the last micro-step of an accumulation.
-        with parallel.no_sync(trainee.ddp, skip=micro < micro_batches - 1):
-            with mixed_precision:
-                loss = loop.data.task.loss(trainee.net(x), y)
-            # Divide so the accumulated gradient is the mean over the step's micro-batches
-            # (the epoch's last step may have fewer than train.grad_accum_steps).
-            trainee.scaler.scale(loss / micro_batches).backward()
-        total = total + loss.detach()
+    cfg, trainee = loop.cfg.train, loop.trainee
+    if loop.progress.micro_batch:  # train.micro_batch_size: batches cut, backing off on OOM
+        total = microbatch.accumulate(loop, [next(batches) for _ in range(micro_batches)])
+    else:
+        total = accumulate(loop, batches, micro_batches)
     trainee.scaler.unscale_(trainee.optimizer)  # clip the true gradients, not fp16-scaled ones
     grad_norm = parallel.clip_grad_norm_(params, cfg.grad_clip or math.inf)
     if cfg.on_nonfinite == "skip" and skip_step(loop, total, grad_norm):  # nonfinite.py
@@ -252,6 +244,27 @@ def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
     if trainee.ema is not None:
         trainee.ema.update_parameters(trainee.model)
     return total / micro_batches, grad_norm
+
+
+def accumulate(loop: Loop, batches, micro_batches: int) -> torch.Tensor:
+    """Forward and backward over the next `micro_batches` batches, their gradients summed
+    (DDP reduces them across ranks in the last backward). Returns the sum of their losses."""
+    trainee, device, channels_last = loop.trainee, loop.device, loop.cfg.train.channels_last
+    mixed_precision = autocast(device, loop.cfg.train.amp)
+    total = 0.0
+    for micro in range(micro_batches):
+        x, y = to_device(next(batches), device)
+        if channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        # Reduce gradients across ranks only on the last micro-step of an accumulation.
+        with parallel.no_sync(trainee.ddp, skip=micro < micro_batches - 1):
+            with mixed_precision:
+                loss = loop.data.task.loss(trainee.net(x), y)
+            # Divide so the accumulated gradient is the mean over the step's micro-batches
+            # (the epoch's last step may have fewer than train.grad_accum_steps).
+            trainee.scaler.scale(loss / micro_batches).backward()
+        total = total + loss.detach()
+    return total
 
 
 def save(loop: Loop, ckpts: CheckpointManager, is_best: bool, report=None) -> None:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from . import distributed
 from .activation_checkpointing import checkpoint_blocks
 from .config import TrainConfig
 from .errors import ConfigError
@@ -35,16 +36,19 @@ def replica(model: nn.Module, train: TrainConfig, device: torch.device, ranks: i
 
 
 def wrap(model: nn.Module, train: TrainConfig, ranks: int, device: torch.device) -> tuple:
-    """(ddp, net): `model` in DistributedDataParallel on several ranks, and what the forward
-    pass calls, compiled when train.compile. Built again when the trainable parameters change
-    (finetune.set_epoch): ddp syncs those it was built with."""
+    """(ddp, net): `model` in DistributedDataParallel on several ranks (not with
+    train.micro_batch_size: microbatch.py), and what the forward pass calls, compiled when
+    train.compile. Built again when the trainable parameters change (finetune.set_epoch):
+    ddp syncs those it was built with."""
     ddp, ids = model, [device] if device.type == "cuda" else None
     # >>> fsdp
     if is_sharded(model):  # fsdp syncs its shards itself: nothing to wrap
         ranks = 1
         trainable_changed(model)  # its mixed-precision dtypes follow requires_grad
     # <<< fsdp
-    if ranks > 1:
+    if ranks > 1 and train.micro_batch_size:  # microbatch.py reduces the gradients itself
+        distributed.broadcast([*model.parameters(), *model.buffers()])  # as DDP starts: equal
+    elif ranks > 1:
         ddp = DistributedDataParallel(model, device_ids=ids)
     return ddp, torch.compile(ddp) if train.compile else ddp
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import microbatch
 from .checkpoint import Progress
 from .config import Config
 from .utils.device import memory_mb
@@ -80,7 +81,7 @@ def summary(
             f"{progress.samples / progress.train_seconds:.0f} samples/s"
         )
     if timing:
-        lines.append(f"  time: {'; '.join(timing)}")
+        lines.append(f"  time: {'; '.join(timing)}{microbatch.note(cfg.train, progress)}")
     files = (
         sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
         if (run_dir.is_dir())
@@ -160,6 +161,8 @@ def report_epoch(loop, stats: dict, metrics: dict, train_time: float, is_best: b
     skipping = loop.cfg.train.on_nonfinite == "skip"
     if skipping:  # steps dropped as not finite, in all (nonfinite.py)
         row["train/skipped_steps"] = progress.skipped
+    if loop.progress.micro_batch:  # train.micro_batch_size: the one in force, CUDA's retries
+        row |= microbatch.memory_columns(loop)
     memory_name, row[memory_name] = memory_mb(loop.device)
     loop.log.epoch(row)
     if loop.dist.is_main:

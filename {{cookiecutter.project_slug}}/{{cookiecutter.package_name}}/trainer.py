@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import checkpoint, distributed, ema, finetune, parallel
+from . import checkpoint, distributed, ema, finetune, microbatch, parallel
 from .checkpoint import CheckpointManager, Progress
 from .config import Config, to_dict
 from .data import build_datasets, build_loader, close_loader, drop_note, example_batch, source_of
@@ -91,10 +91,10 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal, h
                 stopped = None if done == "finished" else done
                 return result(progress, progress.metrics, stopped, trainee.model)
         distributed.barrier()  # every rank has checked and loaded before rank 0 writes
-        distribute(cfg, dist, device, trainee, progress.epoch)
+        distribute(cfg, dist, device, trainee, progress)
         if dist.is_main:
             log = open_run_folder(cfg, ckpts, progress.step, (state or {}).get("trackers"))
-            announce(cfg, dist, device, data, trainee, threads, progress.step if state else None)
+            announce(cfg, dist, device, data, trainee, threads, progress, state is not None)
         vote = distributed.StopVote(stop, device, progress.step)
         loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote, hooks=[*hooks])
         metrics, stopped = run_epochs(loop, ckpts)
@@ -247,14 +247,16 @@ def report_complete(cfg: Config, dist: DistInfo, progress: Progress, reason: str
         print(summary(cfg, progress, reason, meta))
 
 
-def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Trainee, epoch: int):
-    """What the forward pass calls: the backbone frozen or not for `epoch` (finetune.py), the
-    model in DistributedDataParallel on several ranks, compiled when train.compile."""
-    finetune.set_epoch(trainee.model, cfg.train, epoch, cfg.model.name)
+def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Trainee, progress):
+    """What the forward pass calls: the backbone frozen or not for the epoch (finetune.py),
+    the model in DistributedDataParallel on several ranks, compiled when train.compile; and
+    the micro-batch it takes (microbatch.py: a resumed run's, or train.micro_batch_size)."""
+    finetune.set_epoch(trainee.model, cfg.train, progress.epoch, cfg.model.name)
     trainee.ddp, trainee.net = parallel.wrap(trainee.model, cfg.train, dist.world_size, device)
+    progress.micro_batch = microbatch.in_force(cfg.train, progress.micro_batch)
 
 
-def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resumed_at):
+def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, progress, resumed):
     """The run's one line: model size, devices, threads, precision, batch, lr, steps and the
     schedule's plan; a warning when train.warmup_steps outlasts the run."""
     params = sum(p.numel() for p in trainee.model.parameters())
@@ -262,12 +264,13 @@ def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, resu
     print(
         f"run {cfg.run.name}: {cfg.model.name} {human_count(params)} params | {device} x "
         f"{dist.world_size} | CPU threads {threads}{busy_note(threads)} | amp {cfg.train.amp} | "
-        f"effective batch {data.effective_batch} | lr {trainee.lr:.2e} | "
-        f"{data.steps_per_epoch} steps/epoch | warm-up {plan.warmup} of {plan.total} steps"
-        + (f" | resumed at step {resumed_at}" if resumed_at is not None else "")
+        f"effective batch {data.effective_batch}{microbatch.note(cfg.train, progress)} | "
+        f"lr {trainee.lr:.2e} | {data.steps_per_epoch} steps/epoch | "
+        f"warm-up {plan.warmup} of {plan.total} steps"
+        + (f" | resumed at step {progress.step}" if resumed else "")
         + drop_note(data.train_set, data.train_loader, cfg.train.batch_size, dist.world_size)
     )
-    if resumed_at is None and (warning := warmup_warning(cfg.train, plan.total)):
+    if not resumed and (warning := warmup_warning(cfg.train, plan.total)):
         print(warning)
     # >>> fsdp
     if is_sharded(trainee.model):
@@ -297,11 +300,5 @@ def summarise(cfg: Config, progress: Progress, stopped, meta: dict, seconds: flo
 
 
 def result(progress: Progress, metrics: dict, stopped: str | None, model: nn.Module) -> dict:
-    return {
-        "metrics": metrics,
-        "step": progress.step,
-        "epoch": progress.epoch,
-        "best": progress.best,
-        "stopped": stopped,
-        "model": model,
-    }
+    where = {"step": progress.step, "epoch": progress.epoch, "best": progress.best}
+    return {"metrics": metrics, **where, "stopped": stopped, "model": model}

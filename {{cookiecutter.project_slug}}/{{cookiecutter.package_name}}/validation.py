@@ -15,6 +15,7 @@ from .config import load_config
 from .data import build_loader, build_test_set, close_loader, empty_batch
 from .errors import UserError
 from .fsdp import even_batches, is_sharded  # feature: fsdp
+from .microbatch import parts
 from .tasks import TASKS, frozen_task
 from .utils.device import autocast, sums_dtype, to_device
 from .utils.metrics import flatten
@@ -30,6 +31,7 @@ def evaluate(
     amp: str = "off",
     observe=None,
     split: str = "the validation split",
+    rows: int = 0,
 ) -> dict:
     """The task's metrics over the whole split, counting each sample once on any number of
     ranks: the task's named sums are added per batch and all-reduced once, never per-rank
@@ -37,18 +39,19 @@ def evaluate(
     targets' units (task.decode; e.g. report.Collector). A vector metric of the task's
     `summarise` comes back flat, one entry per class / label (`f1/<name>`,
     utils/metrics.flatten). Outputs that are not finite stop it with one line naming `split`
-    (NonFiniteOutput)."""
+    (NonFiniteOutput). `rows`: at most so many inputs per forward pass (train.micro_batch_size;
+    the sums add up the same), 0: the loader's batches."""
     was_training = model.training
     model.eval()
     totals = Totals(task, device)
     mixed_precision = autocast(device, amp)
     for batch in loader:
-        x, y = to_device(batch, device)
-        with mixed_precision:
-            output = model(x)
-        totals.add(task.sums(output, y), output)
-        if observe is not None:
-            observe(task.decode(output), y)
+        for x, y in parts(*to_device(batch, device), rows):
+            with mixed_precision:
+                output = model(x)
+            totals.add(task.sums(output, y), output)
+            if observe is not None:
+                observe(task.decode(output), y)
     if totals.empty:  # no sample on this rank (fewer than ranks): zeros of the right size
         x, y = to_device(empty_batch(loader.dataset), device)
         output = model(x)
@@ -109,8 +112,8 @@ class Totals:
                 "train.amp=bf16 instead of fp16, or check the inputs for nan"
             )
         given = {k: v.tolist() for k, v in totals.items()}
-        for key, parts in self.rows.items():  # every rank's rows, as one CPU tensor
-            given[key] = distributed.all_gather_rows(torch.cat(parts)).cpu()
+        for key, rows in self.rows.items():  # every rank's rows, as one CPU tensor
+            given[key] = distributed.all_gather_rows(torch.cat(rows)).cpu()
         return self.task.summarise(given)
 
 

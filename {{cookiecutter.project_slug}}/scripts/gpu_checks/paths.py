@@ -5,9 +5,11 @@ loader workers, channels_last, init_from, the tools' own runs, the smoke test.""
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
-import re  # feature: sweeps
+import re
 import signal
 import sys
 import time
@@ -272,6 +274,39 @@ def check_profile(c: Check) -> str:
     if c.machine.device == "cuda" and "CUDA" not in table:
         raise Failed("--profile's operator table has no CUDA time", table[:2000])
     return next((line for line in out.splitlines() if line.startswith("profile of")), "")
+
+
+# scripts/train.py with CUDA's caching allocator capped at argv[1] GiB (the rest: its args).
+CAPPED_TRAIN = """
+import sys
+import torch
+from {{ cookiecutter.package_name }}.tools.train import train_main
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(min(1.0, float(sys.argv[1]) * 2**30 / total))
+raise SystemExit(train_main(sys.argv[2:]))
+"""
+
+
+def check_out_of_memory(c: Check) -> str:
+    """train.micro_batch_size=auto with the allocator capped at 2 GiB: batches of 512 images of
+    128x128 (about 20 MB of saved activations each in fp32) raise CUDA's out-of-memory error;
+    the step backs off to a micro-batch that fits, and the losses stay finite."""
+    if c.machine.device != "cuda":
+        raise Skipped("CUDA only: the cap is CUDA's allocator's (tests/test_microbatch.py)")
+    runs = c.workdir / "capped"
+    sizes = ["data.image_size=128", "data.train_size=1024", "data.val_size=256"]
+    args = [*sizes, "train.batch_size=512", "train.epochs=1", "train.micro_batch_size=auto"]
+    out = c.python("-c", CAPPED_TRAIN, "2", *args, f"run.output_dir={runs}")
+    backed_off = re.findall(r"the step runs again at (\d+)", out)
+    if not backed_off:
+        raise Failed("nothing ran out of memory under a 2 GiB cap: no back-off", out[-2000:])
+    with (runs / "default" / "metrics.csv").open() as rows:
+        row = list(csv.DictReader(rows))[-1]
+    loss = float(row["train/epoch_loss"])
+    if not math.isfinite(loss) or int(row["train/micro_batch"]) != int(backed_off[-1]):
+        raise Failed(f"after backing off: epoch loss {loss}, row {row}", out[-2000:])
+    retries = row.get("memory/alloc_retries")
+    return f"512 -> {' -> '.join(backed_off)} under 2 GiB; loss {loss:.4f}; retries {retries}"
 
 
 def check_combinations(c: Check) -> str:

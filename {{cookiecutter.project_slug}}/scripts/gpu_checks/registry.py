@@ -62,6 +62,10 @@ CUDA_PATHS = {
         "train.py --profile: the GPU's kernels in the trace, the CUDA memory snapshot",
         ("tools/profiling.py:StepProfiler",),
     ),
+    "micro_batch": (
+        "train.micro_batch_size=auto: CUDA's out-of-memory error caught, the step retried at half",
+        ("microbatch.py:is_oom", "microbatch.py:_back_off", "microbatch.py:memory_columns"),
+    ),
     "rng": (
         "CUDA RNG states saved and restored",
         ("utils/seed.py:rng_state", "utils/seed.py:set_rng_state"),
@@ -143,6 +147,7 @@ CHECKS = (
     Spec("sweep_gpus", paths.check_sweep_gpus, ("sweep_gpus",), 90),  # feature: sweeps
     Spec("smoke", paths.check_smoke, ("bf16",), 60),
     Spec("profile", paths.check_profile, ("profile", "memory"), 60),
+    Spec("out_of_memory", paths.check_out_of_memory, ("micro_batch", "memory"), 90),
     # >>> pretrained
     Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "fsdp"), 240),  # feature: fsdp
     Spec("pretrained", pretrained.check_pretrained, ("bf16", "compile", "ddp"), 240),  # feature: !fsdp
@@ -171,6 +176,7 @@ GROUPS = {
     "compile": ["tests", "compile", "compile_ddp"],
 }
 GROUPS["ranks"] += ["fsdp", "cpu_offload", "fsdp_bf16"]  # feature: fsdp
+GROUPS["ranks"] += ["out_of_memory"]  # one process, its allocator capped: after the others
 GROUPS["compile"] += ["compile_fsdp"]  # feature: fsdp
 GROUPS["compile"] += ["sweep_gpus"]  # feature: sweeps
 GROUPS["compile"] += ["pretrained"]  # feature: pretrained

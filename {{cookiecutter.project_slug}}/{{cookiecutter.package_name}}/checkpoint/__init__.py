@@ -5,7 +5,7 @@ else; the tools (evaluate, predict, ...) read checkpoints with load().
     state, path = ckpt.find()             # what train.resume continues from, on every rank
     changed = ckpt.restore(state, trainee, progress, data)
     ckpt.open()                           # rank 0: the lock, leftovers of a kill
-    ckpt.write_config()                   # rank 0: config.yaml, run.json (a resume: at its first save)
+    ckpt.write_config()                   # rank 0: config.yaml, run.json (resumed: 1st save)
     ckpt.check_held()                     # the run folder is still this run's (every rank)
     ckpt.save(trainee, progress, extra, is_best, record)   # every epoch and at a stop
     ckpt.close()

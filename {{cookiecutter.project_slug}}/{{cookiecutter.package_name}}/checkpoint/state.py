@@ -36,6 +36,7 @@ class Progress:
     metrics: dict = field(default_factory=dict)  # the last validation metrics
     skipped: int = 0  # steps dropped as not finite (train.on_nonfinite=skip), all sessions
     skipped_in_a_row: int = 0  # of them, the last ones in a row (train.max_skipped stops)
+    micro_batch: int = 0  # train.micro_batch_size in force (microbatch.py); 0 = whole batches
 
     def improves(
         self,

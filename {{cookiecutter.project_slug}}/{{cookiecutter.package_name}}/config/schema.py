@@ -78,6 +78,9 @@ class TrainConfig:
     warmup_steps: int | float = 0.05
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
     grad_accum_steps: int = 1  # micro-batches per optimizer step
+    # Each batch through forward/backward in parts of this size, the step's math unchanged
+    # (microbatch.py): 0 = whole batches | N | auto: halve on out-of-memory, at any step
+    micro_batch_size: int | Literal["auto"] = 0
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (norm still logged)
     # A step whose loss or gradient norm is inf/nan: stop the run (one line, the last good
     # checkpoint kept) | skip it on every rank (nonfinite.py; a GPU wait per step), stopping

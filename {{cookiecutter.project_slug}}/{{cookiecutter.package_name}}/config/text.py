@@ -217,11 +217,12 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
             coerce(k, key_type, f"{key}.{k}"): coerce(v, value_type, f"{key}.{k}")
             for k, v in value.items()
         }
-    if isinstance(hint, types.UnionType):  # int | float: the first type that takes the value
-        for arm in typing.get_args(hint):
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):  # the first type that fits
+        arms = typing.get_args(hint)  # a Literal arm named by its value: "int or auto"
+        for arm in arms:
             with contextlib.suppress(ConfigError):
                 return coerce(value, arm, key)
-        names = " or ".join(arm.__name__ for arm in typing.get_args(hint))
+        names = " or ".join(a.__args__[0] if hasattr(a, "__args__") else a.__name__ for a in arms)
         raise ConfigError(f"{key} expects {names}, got {short(repr(value))}")
     ok = False
     if hint is bool:
@@ -275,9 +276,8 @@ RENAMED = {
 
 
 def unknown_key(cls, prefix: str, key: str, value: Any, every_key) -> str:
-    """The error for a key that `cls` lacks, with the closest valid key (`every_key()`: all
-    the config's keys). The section and the
-    key are matched apart: `trian.epochs` gets section train, then the key epochs within it."""
+    """The error for a key that `cls` lacks, with the closest valid key (`every_key()`: all the
+    config's keys). Section and key are matched apart: `trian.epochs` is train, then epochs."""
     if f"{prefix}{key}" in RENAMED:  # a config or checkpoint of an earlier version
         return f"config key '{prefix}{key}' is now {RENAMED[prefix + key]}"
     if f"{prefix}{key}" in LEFT_OUT:  # a key of a project generated with more options

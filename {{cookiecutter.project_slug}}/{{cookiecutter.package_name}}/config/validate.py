@@ -6,36 +6,14 @@ import math
 
 from ..errors import ConfigError
 from ..utils.metrics import direction
-from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, TrainConfig, components  # feature: fsdp
-from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, components  # feature: !fsdp
+from .schema import COMPONENTS, SECTIONS, Config, DataConfig, NoOptions, TrainConfig, components
 from .text import did_you_mean
 
 
 def validate(cfg: Config) -> None:
     """Value checks that types alone cannot express; each error names the key and the rule."""
     checks = [
-        # 0 trained nothing and still printed the next commands, for files it never wrote.
-        ("train.epochs", cfg.train.epochs >= 1, ">= 1"),
-        ("train.batch_size", cfg.train.batch_size >= 1, ">= 1"),
-        ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "a finite number > 0"),
-        ("train.ref_batch_size", cfg.train.ref_batch_size >= 1, ">= 1"),
-        ("train.weight_decay", cfg.train.weight_decay >= 0, ">= 0"),
-        ("train.warmup_steps", _is_warmup(cfg.train.warmup_steps), WARMUP_RULE),
-        ("train.min_lr_ratio", 0 <= cfg.train.min_lr_ratio <= 1, "between 0 and 1"),
-        ("train.grad_accum_steps", cfg.train.grad_accum_steps >= 1, ">= 1"),
-        ("train.grad_clip", cfg.train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
-        ("train.ema_decay", 0 <= cfg.train.ema_decay < 1, "in [0, 1) (0 = no averaging)"),
-        ("train.max_skipped", cfg.train.max_skipped >= 1, ">= 1"),
-        ("train.max_steps", cfg.train.max_steps >= 0, ">= 0 (0 = no limit)"),
-        ("train.keep_last", cfg.train.keep_last >= 1, ">= 1"),
-        ("train.freeze_epochs", cfg.train.freeze_epochs >= -1, ">= 0, or -1 (always frozen)"),
-        ("train.backbone_lr_ratio", 0 < cfg.train.backbone_lr_ratio <= 10, "in (0, 10]"),
-        ("train.early_stop_patience", cfg.train.early_stop_patience >= 0, ">= 0 (0 = off)"),
-        (
-            "train.early_stop_min_delta",
-            0 <= cfg.train.early_stop_min_delta < math.inf,
-            "a finite number >= 0",
-        ),
+        *_train_checks(cfg.train),
         ("data.num_workers", 0 <= cfg.data.num_workers <= 256, "between 0 and 256"),
         ("data.val_fraction", 0 < cfg.data.val_fraction < 1, "between 0 and 1, exclusive"),
         ("data.folds", cfg.data.folds == 0 or cfg.data.folds >= 2, "0 (off) or >= 2"),
@@ -134,6 +112,11 @@ def _strategy_conflict(train: TrainConfig) -> str | None:
         )
     if train.ema_decay:  # the average would be of this rank's shards, saved unsharded
         return "train.ema_decay is not supported with train.strategy=fsdp yet; use ddp, or 0"
+    if train.micro_batch_size:  # its collectives in forward/backward: a rank out of memory
+        return (  # would leave the others waiting (Composer's FSDP2 finding); unproven on GPU
+            "train.micro_batch_size is not supported with train.strategy=fsdp yet; use ddp, "
+            "or train.micro_batch_size=0"
+        )
     return None
 # <<< fsdp
 
@@ -155,3 +138,41 @@ def _is_plain_name(name: str) -> bool:
 
 def _is_cuda_index(device: str) -> bool:
     return device.startswith("cuda:") and device[5:].isdigit()
+
+
+FINITE = "a finite number >= 0"
+MICRO_BATCH_RULE = "auto, 0 (whole batches) or between 1 and train.batch_size"
+NO_SYNC_BN = (  # a rank out of memory would leave the others waiting in the forward pass
+    "0 with train.sync_bn=true (its BatchNorm's collectives are inside the forward pass)"
+)
+
+
+def _is_micro_batch(train: TrainConfig) -> bool:
+    size = train.micro_batch_size
+    return size == "auto" or 0 <= size <= train.batch_size
+
+
+def _train_checks(train: TrainConfig) -> list[tuple[str, bool, str]]:
+    """The train section's (key, ok, rule)."""
+    return [
+        # 0 trained nothing and still printed the next commands, for files it never wrote.
+        ("train.epochs", train.epochs >= 1, ">= 1"),
+        ("train.batch_size", train.batch_size >= 1, ">= 1"),
+        ("train.lr", train.lr > 0 and math.isfinite(train.lr), "a finite number > 0"),
+        ("train.ref_batch_size", train.ref_batch_size >= 1, ">= 1"),
+        ("train.weight_decay", train.weight_decay >= 0, ">= 0"),
+        ("train.warmup_steps", _is_warmup(train.warmup_steps), WARMUP_RULE),
+        ("train.min_lr_ratio", 0 <= train.min_lr_ratio <= 1, "between 0 and 1"),
+        ("train.grad_accum_steps", train.grad_accum_steps >= 1, ">= 1"),
+        ("train.micro_batch_size", _is_micro_batch(train), MICRO_BATCH_RULE),
+        ("train.micro_batch_size", not (train.sync_bn and train.micro_batch_size), NO_SYNC_BN),
+        ("train.grad_clip", train.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
+        ("train.ema_decay", 0 <= train.ema_decay < 1, "in [0, 1) (0 = no averaging)"),
+        ("train.max_skipped", train.max_skipped >= 1, ">= 1"),
+        ("train.max_steps", train.max_steps >= 0, ">= 0 (0 = no limit)"),
+        ("train.keep_last", train.keep_last >= 1, ">= 1"),
+        ("train.freeze_epochs", train.freeze_epochs >= -1, ">= 0, or -1 (always frozen)"),
+        ("train.backbone_lr_ratio", 0 < train.backbone_lr_ratio <= 10, "in (0, 10]"),
+        ("train.early_stop_patience", train.early_stop_patience >= 0, ">= 0 (0 = off)"),
+        ("train.early_stop_min_delta", 0 <= train.early_stop_min_delta < math.inf, FINITE),
+    ]

@@ -11,8 +11,10 @@ import torch
 from conftest import run_script, stop_after
 
 from {{ cookiecutter.package_name }} import checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import Progress
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.summary import summary
 from {{ cookiecutter.package_name }}.trainer import fit
 
 STEPS_PER_EPOCH = 256 // 16  # the tiny fixture's train_size // batch_size
@@ -102,6 +104,18 @@ def test_summary_names_existing_files_and_commands_that_run(tiny, capsys):
         assert proc.returncode == 0, f"{commands[name]}\n{proc.stderr}"
     predictions = shlex.split(commands["predict"])[-1]
     assert len(Path(predictions).read_text().splitlines()) == 1 + 96  # header + val samples
+
+
+def test_the_summary_shows_the_scalars_and_says_where_the_per_class_figures_are(tmp_path):
+    cfg = load_config(None, [f"run.output_dir={tmp_path}"])
+    per_class = {f"{m}/class_{i}": 0.5 for m in ("precision", "recall", "f1") for i in range(40)}
+    progress = Progress(epoch=1, step=9, best=0.9, metrics={"loss": 0.25, "acc": 0.9} | per_class)
+    test = ({"loss": 0.5, "acc": 0.75} | per_class, "best.pt")
+    lines = summary(cfg, progress, "finished", {}, 1.0, test).splitlines()
+    where = "(+120 per class/label: metrics.csv, evaluate.py's report)"
+    assert f"  final val: loss 0.2500 | acc 0.9000 {where}" in lines
+    assert lines[3].endswith(f"loss 0.5000 | acc 0.7500 {where}")  # the test split's
+    assert len(lines) < 20 and not any("class_1" in line for line in lines)  # one screen
 
 
 @pytest.mark.slow

@@ -64,15 +64,14 @@ def summary(
         at = f" at epoch {progress.best_epoch}" if progress.best_epoch else ""
         lines.append(f"  best val {metric} ({mode}) {progress.best:.4f}{at} -> best.pt")
     if progress.metrics:
-        values = " | ".join(f"{k} {_fmt(v)}" for k, v in flatten(progress.metrics).items())
-        lines.append(f"  final val: {values}")
+        lines.append(f"  final val: {_scalars(flatten(progress.metrics))}")
     positives = meta.get("tuned", {}).get("positives")
     if positives is not None:  # the same split each epoch: the same count
         counts = positives if isinstance(positives, list) else [positives]
         many = f"{min(counts)} to {max(counts)} per label" if len(counts) > 1 else counts[0]
         lines.append(f"  threshold tuned on the validation split's positives: {many}")
     if test is not None:
-        values = " | ".join(f"{k} {_fmt(v)}" for k, v in test[0].items())
+        values = _scalars(test[0])
         lines.append(f"  test ({test[1]}, data never trained on nor used to choose it): {values}")
     timing = [f"{seconds:.1f}s this session"] if seconds is not None else []
     if progress.train_seconds > 0:
@@ -137,6 +136,14 @@ def _predict_input(cfg: Config, meta: dict) -> list[str]:
         root = Path(opts.root)
         return [str(root / "val.pt" if (root / "val.pt").is_file() else root / "train.pt")]
     return ["--split", "val"]
+
+
+def _scalars(metrics: dict) -> str:
+    """The scalar metrics on one line; the per-class / per-label ones (f1/<class>, ...) are
+    counted and pointed to, so the summary stays one screen whatever the classes."""
+    shown = " | ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if "/" not in k)
+    per = sum("/" in k for k in metrics)
+    return shown + (f" (+{per} per class/label: metrics.csv, evaluate.py's report)" if per else "")
 
 
 def _fmt(value) -> str:

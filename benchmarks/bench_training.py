@@ -55,7 +55,7 @@ LABELS = {
     "project": "(b) baked project trainer",
     "lightning": "(c) Lightning Trainer",
 }
-FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no"}
+FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no", "preset": "full"}
 # Start-up references, spawned the same way as the loops: a bare `import torch`, and the same
 # plus torch._dynamo, which the first optimizer.step() of any torch.optim optimizer imports.
 REFERENCES = {

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fault_cases as fc  # noqa: E402
 
 TEMPLATE = Path(__file__).resolve().parent.parent
-FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no"}
+FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no", "preset": "full"}
 ABORT = re.compile(r"Aborted|terminate called|core dumped|Fatal Python error|Segmentation fault")
 EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure)\b")
 TEMP = re.compile(r"^\..*\.tmp|\.tmp$|\.partial$")

@@ -39,7 +39,7 @@ prepare() {
     local project
     rm -rf "$folder" && mkdir -p "$folder" || return 1
     COOKIECUTTER_PYTORCH_SKIP_SETUP=1 python3 -m cookiecutter --no-input "$template" \
-        --output-dir "$folder" env_manager=none run_smoke_test=no init_git=no >/dev/null || return 1
+        --output-dir "$folder" env_manager=none run_smoke_test=no init_git=no preset=full >/dev/null || return 1
     project=$(ls -d "$folder"/*/)
     cp "$0" "$folder/gpu_run.sh"
     local exclude

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 TEMPLATE = Path(__file__).resolve().parent.parent
-FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no"}
+FAST = {"env_manager": "none", "run_smoke_test": "no", "init_git": "no", "preset": "full"}
 # The baked project's own tiny config (the smoke test's), so the two cannot drift apart.
 SMALL = ["--config", "configs/experiments/smoke.yaml", "run.device=cpu"]
 DEFAULT = ["train.epochs=2", "run.device=cpu"]

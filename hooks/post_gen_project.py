@@ -139,8 +139,8 @@ FEATURES = {
 }
 # What each preset chooses; a feature answered "preset" takes its preset's value.
 PRESETS = {
-    "full": dict.fromkeys(FEATURES, "yes"),
     "lean": dict.fromkeys(FEATURES, "no"),
+    "full": dict.fromkeys(FEATURES, "yes"),
 }
 # A chosen feature brings the features it needs, whatever their own answers: pretrained
 # models fine-tune on image folders and read image files as their weights were trained; the

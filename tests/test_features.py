@@ -25,7 +25,8 @@ def post(tmp_path):
 def test_each_feature_is_an_option_with_preset_yes_no_and_a_prompt(post):
     options = json.loads((TEMPLATE / "cookiecutter.json").read_text())
     prompts = options["__prompts__"]
-    assert options["preset"] == ["full", "lean"] == list(post.PRESETS)
+    # lean first, cookiecutter's default: optional tools are asked for, as in its big templates
+    assert options["preset"] == ["lean", "full"] == list(post.PRESETS)
     for feature in post.FEATURES:
         assert options[feature] == ["preset", "yes", "no"], feature
         assert set(prompts[feature]) == {"__prompt__", "preset", "yes", "no"}, feature

@@ -258,6 +258,10 @@ class Sweep(TrialWatch):
         extra = [f"run.threads={slot['threads']}"] if slot.get("threads") else []
         env = {**os.environ, **slot.get("env", {}), "PYTHONUNBUFFERED": "1"}
         command = self.command(trial) + extra
+        if self._watchdog is None:
+            self._watchdog = sweep_watch.Watchdog(self.grace)
+        # Its process first: a sweep killed right after a launch leaves no trial unwatched.
+        self._watchdog.open()
         proc = None
         if sweep_launch.can_fork(command, self.root / "scripts" / "train.py"):
             paths = logs / f"{trial['id']}.out", logs / f"{trial['id']}.err"
@@ -271,12 +275,10 @@ class Sweep(TrialWatch):
                 start_new_session=True,  # see _pass_on
                 preexec_fn=signals.stop_with_parent(),
             )
+        self._watchdog.started(proc.pid, logs / f"{trial['id']}.out")
         self._watched[trial["id"]] = {"log_at": log_at}
         out.close()
         self._running[proc.pid] = proc
-        if self._watchdog is None:
-            self._watchdog = sweep_watch.Watchdog(self.grace)
-        self._watchdog.started(proc.pid, logs / f"{trial['id']}.out")
         self._started.append(trial["id"])
         self.update(trial, state="running", exit_code=None, error=None)
         gpu = slot.get("env", {}).get("CUDA_VISIBLE_DEVICES")

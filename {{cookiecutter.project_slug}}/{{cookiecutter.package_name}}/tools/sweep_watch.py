@@ -83,12 +83,17 @@ for pgid, log in groups.items():
 
 class Watchdog:
     """The process that ends the sweep's trials a grace period after the sweep, however the
-    sweep ends (WATCHDOG); started with the first trial, closed by close()."""
+    sweep ends (WATCHDOG); opened before the first trial starts, closed by close()."""
 
     def __init__(self, grace: float):
         self.grace, self._proc = grace, None
 
     def started(self, pid: int, log: Path) -> None:
+        self.open()
+        self._say(f"start {pid} {log}")
+
+    def open(self) -> None:
+        """Start the watchdog's process, if not yet (or tried)."""
         if self._proc is None:
             try:
                 self._proc = subprocess.Popen(
@@ -101,7 +106,6 @@ class Watchdog:
             except OSError as exc:  # no process to spare: the sweep runs without
                 print(f"no watchdog ({exc}): a trial stuck when the sweep dies stays behind")
                 self._proc = False
-        self._say(f"start {pid} {log}")
 
     def ended(self, pid: int) -> None:
         self._say(f"end {pid}")

@@ -92,8 +92,11 @@ device() {
     [ -n "$script" ] || { echo "no baked project in $here" >&2; return 2; }
     cd "$(dirname "$script")/.." || return 2
     echo "$(pwd): $("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.device_count(), "GPU(s)")' 2>&1)"
+    # --foreground: one SIGTERM, to gpu_check alone (it stops its own processes). Without it
+    # timeout signals its process group too, and a second SIGTERM landing while Python exits
+    # (its handlers reset) ends gpu_check with 143 instead of its 75.
     # shellcheck disable=SC2086  # GPU_CHECK_ARGS holds several options
-    PYTHONPATH=. PYTHONUNBUFFERED=1 timeout --preserve-status --signal=TERM \
+    PYTHONPATH=. PYTHONUNBUFFERED=1 timeout --foreground --preserve-status --signal=TERM \
         --kill-after=20 "${GPU_CHECK_TIMEOUT:-$limit}" \
         "$python" scripts/gpu_check.py "${args[@]}" ${GPU_CHECK_ARGS:-} >"$log" 2>&1
     local code=$?

@@ -173,3 +173,29 @@ def test_runs_benchmark_quick_gives_both_ratios(tmp_path):
     (pair,) = result["pairs"]["sweep"]
     assert pair["sweep_s"] > 0 and pair["sequential_s"] > 0
     assert "sweep of 4 / 4 train.py processes" in done.stdout
+
+
+def test_option_ratios_are_each_variant_over_off_per_pair_then_the_median():
+    path = SCRIPT.parent / "bench_options.py"
+    spec = importlib.util.spec_from_file_location("bench_options", path)
+    bench_options = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_options)
+    pairs = [{"off": 2.0, "ema": 3.0, "skip": 2.0}, {"off": 1.0, "ema": 1.0, "skip": 4.0}]
+    pairs.append({"off": 4.0, "ema": 5.0, "skip": 4.0})
+    assert bench_options.ratios(pairs) == {"ema": 1.25, "skip": 1.0}
+
+
+@pytest.mark.slow
+def test_options_benchmark_quick_times_every_option(tmp_path):
+    """benchmarks/bench_options.py --quick (issue 44's figures): one pair, every option on and
+    off, each an epoch's seconds from two whole processes."""
+    out = tmp_path / "options.json"
+    done = subprocess.run(
+        [sys.executable, str(TEMPLATE / "benchmarks" / "bench_options.py"), "--quick", "--json",
+         str(out)], capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["ratios"]) == {"ema", "skip", "micro_auto", "micro_half"}
+    assert all(r > 0 for r in result["ratios"].values())
+    assert "epoch micro_half / off" in done.stdout

@@ -3,8 +3,8 @@ issue 44's options against the same run without it, and (with --baseline) the ru
 option off against a project baked before the options existed, so the off path is shown to
 cost nothing. Whole processes, paired, in one run of this script.
 
-    python benchmarks/bench_options.py                          # ~6 min on 2 cores: 5 pairs
-    python benchmarks/bench_options.py --quick                  # 1 pair, smaller (runs it)
+    python benchmarks/bench_options.py                          # ~8 min on 2 cores: 5 pairs
+    python benchmarks/bench_options.py --quick                  # 1 pair, tiny: it runs
     python benchmarks/bench_options.py --baseline DIR --json options.json
 
 An epoch is (t_N - t_1) / (N - 1) of whole processes of N and 1 epochs (start-up and the
@@ -35,7 +35,7 @@ VARIANTS = {
     "micro_auto": ["train.micro_batch_size=auto"],  # the split path, whole batches
     "micro_half": ["train.micro_batch_size=32"],  # the default batch of 64 in two parts
 }
-BASE = ["run.loggers=[csv]", "data.train_size=2048", "data.val_size=256"]
+BASE = ["run.loggers=[csv]", "data.train_size=4096", "data.val_size=256"]
 QUICK = ["run.loggers=[csv]", "data.train_size=512", "data.val_size=64"]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -197,5 +198,7 @@ def test_options_benchmark_quick_times_every_option(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["ratios"]) == {"ema", "skip", "micro_auto", "micro_half"}
-    assert all(r > 0 for r in result["ratios"].values())
+    # One pair of tiny runs says it runs, not what it costs: a ratio of noise, any sign.
+    assert all(math.isfinite(r) for r in result["ratios"].values())
+    assert all(len(pair) == 5 for pair in result["pairs"])
     assert "epoch micro_half / off" in done.stdout

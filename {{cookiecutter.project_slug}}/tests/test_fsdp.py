@@ -165,6 +165,7 @@ import torch
 from torch.nn import functional as F
 
 from {{ cookiecutter.package_name }} import distributed, fsdp, loop
+from {{ cookiecutter.package_name }}.checkpoint import Progress
 from {{ cookiecutter.package_name }}.config import TrainConfig, load_config
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.optim import build_optimizer
@@ -195,6 +196,7 @@ def step(scale, inject):
         trainee=trainee,
         device=CPU,
         data=SimpleNamespace(task=SimpleNamespace(loss=F.cross_entropy)),
+        progress=Progress(),  # no micro-batches: whole batches, as fsdp requires
     )
     data = torch.Generator().manual_seed(rank)  # each rank its own batches
     batches = iter([(torch.randn(4, 3, 8, 8, generator=data), torch.arange(4)) for _ in range(2)])

@@ -36,7 +36,7 @@ VARIANTS = {
     "micro_half": ["train.micro_batch_size=32"],  # the default batch of 64 in two parts
 }
 BASE = ["run.loggers=[csv]", "data.train_size=4096", "data.val_size=256"]
-QUICK = ["run.loggers=[csv]", "data.train_size=512", "data.val_size=64"]
+QUICK = ["run.loggers=[csv]", "data.train_size=128", "data.val_size=32", "data.image_size=8"]
 
 
 def epoch_seconds(cmd: list[str], env: dict, cwd: Path, out: Path, epochs: int) -> float:

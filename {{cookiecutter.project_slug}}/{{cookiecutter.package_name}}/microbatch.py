@@ -64,9 +64,10 @@ def accumulate(loop, batches: list) -> torch.Tensor:
             if not is_oom(err):
                 raise
             oom = str(err).splitlines()[0]  # the error's frames (and activations) go now
-        flag = torch.tensor([float(bool(oom))], device=loop.device)
-        if loop.dist.world_size > 1 and distributed.all_reduce_max(flag).item() > 0:
-            oom = oom or "on another rank"
+        if loop.dist.world_size > 1:  # every rank, out of memory or not: they agree
+            flag = torch.tensor([float(bool(oom))], device=loop.device)
+            anyone = distributed.all_reduce_max(flag).item() > 0  # called on every rank
+            oom = oom or ("on another rank" if anyone else "")
         if not oom:
             reduce_gradients(loop.trainee.model, loop.dist.world_size)
             return total

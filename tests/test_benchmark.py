@@ -158,17 +158,24 @@ def test_quick_benchmark_bakes_runs_every_loop_and_reports_every_number(tmp_path
     assert "| (b) baked project trainer |" in done.stdout and "b/a = " in done.stdout
 
 
+def quick_run(script: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
+    """benchmarks/`script` --quick --json: the finished process and the numbers it wrote."""
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(TEMPLATE / "benchmarks" / script), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, json.loads(out.read_text())
+
+
 @pytest.mark.slow
 def test_runs_benchmark_quick_gives_both_ratios(tmp_path):
     """benchmarks/bench_runs.py --quick (issue 31's figures): one pair of each, the tiny run
     against the hand-written loop and the sweep against sequential train.py processes."""
-    out = tmp_path / "runs.json"
-    done = subprocess.run(
-        [sys.executable, str(TEMPLATE / "benchmarks" / "bench_runs.py"), "--quick", "--json",
-         str(out)], capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    done, result = quick_run("bench_runs.py", tmp_path)
     assert result["tiny_run_ratio"] > 0 and result["sweep_ratio"] > 0
     assert result["epoch_ratio"] > 0
     (pair,) = result["pairs"]["sweep"]
@@ -190,13 +197,7 @@ def test_option_ratios_are_each_variant_over_off_per_pair_then_the_median():
 def test_options_benchmark_quick_times_every_option(tmp_path):
     """benchmarks/bench_options.py --quick (issue 44's figures): one pair, every option on and
     off, each an epoch's seconds from two whole processes."""
-    out = tmp_path / "options.json"
-    done = subprocess.run(
-        [sys.executable, str(TEMPLATE / "benchmarks" / "bench_options.py"), "--quick", "--json",
-         str(out)], capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    done, result = quick_run("bench_options.py", tmp_path)
     assert set(result["ratios"]) == {"ema", "skip", "micro_auto", "micro_half"}
     # One pair of tiny runs says it runs, not what it costs: a ratio of noise, any sign.
     assert all(math.isfinite(r) for r in result["ratios"].values())

@@ -94,12 +94,47 @@ MAX_BYTES = 256 * 1024  # a config file's size: the demo configs are under 2 KB
 
 
 class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader, but a mapping's keys are the text written (a config's mappings are
-    keyed by names): `{no: 1, yes: 9}` has "no" and "yes", not YAML 1.1's False and True."""
+    """yaml.SafeLoader for settings: a mapping's keys are the text written (`{no: 1, yes: 9}`
+    has "no" and "yes", not YAML 1.1's False and True), a key given twice in one mapping is
+    refused (YAML keeps the last silently: a second `train:` section drops the first's), and
+    so is a document past MAX_NODES values once its aliases (*a) are expanded, counted as it
+    is read: linear in the text however far the aliases would expand."""
+
+    def __init__(self, text: str, what: str):
+        super().__init__(text)
+        self.what, self.expanded, self.sizes = what, 0, {}
+
+    def compose_node(self, parent, index):
+        alias, start = self.check_event(yaml.AliasEvent), self.expanded
+        node = super().compose_node(parent, index)
+        if alias:  # a node not finished yet holds itself (&a [*a]): endless
+            self.expanded += self.sizes.get(id(node), MAX_NODES + 1)
+        else:
+            self.expanded += 1
+            self.sizes[id(node)] = self.expanded - start
+        if self.expanded > MAX_NODES:
+            raise ConfigError(
+                f"{self.what} holds over {MAX_NODES:,} values (an alias *name counts as the "
+                "values it repeats); a config holds settings: put data in data files, and "
+                "write values out instead of repeating anchors (&name)"
+            )
+        return node
 
     def construct_mapping(self, node, deep=False):
+        keys = set()
         for key, _ in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.tag in _NAMES:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            if key.value in keys:
+                line = key.start_mark.line + 1
+                where = f" line {line}" if self.what.startswith("config file") else ""
+                raise ConfigError(
+                    f"{self.what}{where} gives the key {short(repr(key.value))} twice in one "
+                    "mapping (YAML would keep the last, dropping the first one's settings); "
+                    "write each key once"
+                )
+            keys.add(key.value)
+            if key.tag in _NAMES:
                 key.tag = "tag:yaml.org,2002:str"
         return super().construct_mapping(node, deep)
 
@@ -108,69 +143,14 @@ _NAMES = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float", "null
 
 
 def load_yaml(text: str, what: str) -> Any:
-    """yaml.safe_load, but a document that expands to more than MAX_NODES nodes through
-    anchors and aliases (&a / *a) is refused before it is built."""
-    loader = _Loader(text)
+    """yaml.safe_load with _Loader's three refusals, each one ConfigError line."""
+    loader = _Loader(text, what)
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, {}) > MAX_NODES:
-            raise ConfigError(
-                f"{what} holds over {MAX_NODES:,} values (an alias *name counts as the values "
-                "it repeats); a config holds settings: put data in data files, and write "
-                "values out instead of repeating anchors (&name)"
-            )
-        twice = _repeated_key(node)
-        if twice:
-            key, line = twice
-            where = f" line {line}" if what.startswith("config file") else ""
-            raise ConfigError(
-                f"{what}{where} gives the key {short(repr(key))} twice in one mapping (YAML "
-                "would keep the last, dropping the first one's settings); write each key once"
-            )
-        return loader.construct_document(node)
+        return loader.get_single_data()
     except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
         raise ConfigError(f"{what} holds a value that cannot be read: {exc}") from None
     finally:
         loader.dispose()
-
-
-def _expanded_size(node: yaml.Node, sizes: dict) -> int:
-    """The nodes under `node` with every alias expanded; each node is counted once (`sizes`),
-    so this is linear in the document's size however far the aliases would expand."""
-    if id(node) in sizes:
-        return sizes[id(node)]
-    sizes[id(node)] = MAX_NODES + 1  # until known: a node that holds itself (&a [*a]) is endless
-    total = 1
-    if isinstance(node, yaml.SequenceNode):
-        total += sum(_expanded_size(child, sizes) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        total += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
-    sizes[id(node)] = total = min(total, MAX_NODES + 1)
-    return total
-
-
-def _repeated_key(root: yaml.Node) -> tuple[str, int] | None:
-    """A key that one mapping holds twice, and its line (1-based). YAML keeps the last one
-    silently: a file with two `train:` sections loses every setting of the first."""
-    seen, todo = set(), [root]
-    while todo:
-        node = todo.pop()
-        if id(node) in seen:  # an alias: its node is checked once
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            keys = set()
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                    if key.value in keys:
-                        return key.value, key.start_mark.line + 1
-                    keys.add(key.value)
-                todo += [key, value]
-        elif isinstance(node, yaml.SequenceNode):
-            todo += node.value
-    return None
 
 
 def short(text: str, limit: int = 60) -> str:

@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch import nn
 
 from . import distributed
-from .activation_checkpointing import checkpoint_blocks
 from .config import TrainConfig
 from .data import empty_batch
 from .errors import ConfigError, UserError, first_line
@@ -71,6 +70,8 @@ def shard(build, build_full, train: TrainConfig, device: torch.device) -> nn.Mod
     with torch.device("meta"):
         model = build().to(memory_format=torch.contiguous_format)  # what FSDP shards: see below
     if train.activation_checkpointing:
+        from .activation_checkpointing import checkpoint_blocks
+
         checkpoint_blocks(model)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # Compute in train.amp's dtype, reduce gradients in fp32, keep fp32 shards for the optimizer.

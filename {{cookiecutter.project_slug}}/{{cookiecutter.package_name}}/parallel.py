@@ -17,7 +17,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed
-from .activation_checkpointing import checkpoint_blocks
 from .config import TrainConfig
 from .errors import ConfigError
 from .fsdp import is_dtensor, is_sharded, no_gradient_sync, trainable_changed  # feature: fsdp
@@ -32,7 +31,11 @@ def replica(model: nn.Module, train: TrainConfig, device: torch.device, ranks: i
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     memory_format = torch.channels_last if train.channels_last else torch.preserve_format
     model = model.to(device, memory_format=memory_format)
-    return checkpoint_blocks(model) if train.activation_checkpointing else model
+    if not train.activation_checkpointing:
+        return model
+    from .activation_checkpointing import checkpoint_blocks
+
+    return checkpoint_blocks(model)
 
 
 def wrap(model: nn.Module, train: TrainConfig, ranks: int, device: torch.device) -> tuple:

@@ -27,37 +27,31 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Subset
 
 from ..errors import ConfigError
+from ..registry import Registry
 from ..utils.device import check_batch_memory, check_workers
 from ..utils.seed import mix_seed, seed_worker
 from ..utils.signals import deferred_in_children, ignore_stop_signals
-from .csv_table import CSVTable
 from .folds import assign_folds, class_labels, holdout
 from .held_out import OTHER_ROWS, check_own_val
-from .image_folder import ImageFolder  # feature: images
 from .in_memory import InMemoryDataset
 from .sampler import ShardedSampler, train_labels
-from .synthetic import SyntheticGratings
 from .targets import target_stats
-from .tensor_files import TensorFiles
-from .text import TextChars  # feature: text
-# >>> pretrained
-from .text_table import TextTable  # feature: text
-# <<< pretrained
 
 # Tells the loaders' seeds (seed, rank, LOADER_STREAM) from the ranks' (seed, rank) and the
 # samples' (seed, epoch, index): b"loader" as a number, beyond any epoch or index.
 LOADER_STREAM = int.from_bytes(b"loader", "big")
 
-DATASETS = {
-    "synthetic": SyntheticGratings,
-    "tensors": TensorFiles,
-    "csv": CSVTable,
-    "image_folder": ImageFolder,  # feature: images
-    "text": TextChars,  # feature: text
+DATASETS = Registry(
+    __name__,
+    synthetic=".synthetic:SyntheticGratings",
+    tensors=".tensor_files:TensorFiles",
+    csv=".csv_table:CSVTable",
+    image_folder=".image_folder:ImageFolder",  # feature: images
+    text=".text:TextChars",  # feature: text
     # >>> pretrained
-    "text_table": TextTable,  # texts to classify, with a Hugging Face tokenizer  # feature: text
+    text_table=".text_table:TextTable",  # texts to classify, with a Hugging Face tokenizer  # feature: text
     # <<< pretrained
-}
+)
 
 
 def build_datasets(cfg, targets: str, meta=None, like=None, prep: dict | None = None):

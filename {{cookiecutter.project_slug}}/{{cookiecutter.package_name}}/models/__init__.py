@@ -21,27 +21,20 @@ from torch import nn
 
 from ..config.text import did_you_mean
 from ..errors import ConfigError, first_line, is_out_of_memory
-from .cnn import SmallCNN
-# >>> pretrained
-from .hf import HFImage, HFText  # feature: text
-from .hf import HFImage  # feature: !text
-# <<< pretrained
-from .mlp import MLP
-from .transformer import Transformer  # feature: text
-from .zoo import Timm, Torchvision  # feature: pretrained
+from ..registry import Registry
 
-MODELS = {
-    "cnn": SmallCNN,
-    "mlp": MLP,
-    "transformer": Transformer,  # feature: text
+MODELS = Registry(
+    __name__,
+    cnn=".cnn:SmallCNN",
+    mlp=".mlp:MLP",
+    transformer=".transformer:Transformer",  # feature: text
     # >>> pretrained
-    "timm": Timm,  # pretrained zoo models (optional libraries): models/zoo.py
-    "torchvision": Torchvision,
-    "hf": HFText,  # Hugging Face sequence classifiers: models/hf.py  # feature: text
-    "hf_image": HFImage,  # and image classifiers  # feature: text
-    "hf_image": HFImage,  # Hugging Face image classifiers: models/hf.py  # feature: !text
+    timm=".zoo:Timm",  # pretrained zoo models (optional libraries): models/zoo.py
+    torchvision=".zoo:Torchvision",
+    hf=".hf:HFText",  # Hugging Face sequence classifiers: models/hf.py  # feature: text
+    hf_image=".hf:HFImage",  # Hugging Face image classifiers: models/hf.py
     # <<< pretrained
-}
+)
 
 
 def architecture(cfg):

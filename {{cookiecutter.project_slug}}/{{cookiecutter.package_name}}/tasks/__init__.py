@@ -50,20 +50,18 @@ import copy
 from types import SimpleNamespace
 
 from ..errors import ConfigError
-from .classification import Classification
-from .language_model import LanguageModel  # feature: text
-from .multilabel import MultiLabel  # feature: multilabel
+from ..registry import Registry
 from .protocol import check_task
-from .regression import Regression
 
 __all__ = ["TASKS", "build_task", "check_metric", "check_task", "frozen_task", "metric_names"]
 
-TASKS = {
-    "classification": Classification,
-    "regression": Regression,
-    "language_model": LanguageModel,  # feature: text
-    "multilabel": MultiLabel,  # feature: multilabel
-}
+TASKS = Registry(
+    __name__,
+    classification=".classification:Classification",
+    regression=".regression:Regression",
+    language_model=".language_model:LanguageModel",  # feature: text
+    multilabel=".multilabel:MultiLabel",  # feature: multilabel
+)
 
 
 def build_task(cfg, data, meta: dict | None = None, best: tuple[str, str] | None = None):

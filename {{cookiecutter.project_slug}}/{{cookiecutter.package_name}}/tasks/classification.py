@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..utils.device import sums_dtype
-from . import ranking
 
 
 @dataclass
@@ -165,6 +164,8 @@ class Classification:
         if rows is None:
             confusion = torch.tensor(sums["confusion"], dtype=torch.float64, device="cpu")
         else:
+            from . import ranking  # two classes: their scores ranked (more classes skip it)
+
             scores, targets = rows[:, 0], rows[:, 1].long()
             ranked = ranking.rank(scores, targets)
             if self.tune:  # on this split; evaluate.py and the test split score with it frozen

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ..errors import EXIT_STOPPED
 from .cli import guard, make_parser, smoke_overrides
-from .evaluate import evaluate_checkpoint
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -41,17 +40,21 @@ def train_main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         from ..config import load_config
-        from ..config.describe import describe
         from ..distributed import lost_peer
         from ..trainer import COMPLETE, fit
-        from .profiling import StepProfiler
 
         cfg = load_config(args.config, [*args.overrides, *smoke_overrides()])
         if args.show_config:
+            from ..config.describe import describe
+
             print(describe(cfg), end="")
             return 0
         where["path"] = Path(cfg.run.output_dir) / cfg.run.name
-        hooks = [StepProfiler(args.profile)] if args.profile else []
+        hooks = []
+        if args.profile:
+            from .profiling import StepProfiler
+
+            hooks.append(StepProfiler(args.profile))
         try:
             result = fit(cfg, hooks)
         except Exception as exc:
@@ -98,6 +101,7 @@ def _smoke(root: Path, overrides: list[str]) -> str:
     from ..config import load_config
     from ..trainer import fit
     from ..utils.device import default_amp
+    from .evaluate import evaluate_checkpoint
 
     # bf16 where the GPU has it natively, fp16 + loss scaling on older GPUs, fp32 on CPU.
     amp = default_amp(torch.device("cuda")) if torch.cuda.is_available() else "off"

@@ -45,6 +45,7 @@ def drawings(monkeypatch) -> list[tuple[int, int]]:
 @pytest.mark.slow
 def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawings):
     monkeypatch.setattr(logger, "REDRAW_EVERY_S", 0)  # as when epochs are long
+    monkeypatch.setattr(logger, "REDRAW_SHARE", float("inf"))  # and drawings short beside them
     fit(load_config(None, tiny))  # 2 epochs
     # After each epoch, from every row so far: train+val loss, val/acc, macro_f1,
     # balanced_acc, lr, and a line per class (4) in each of precision, recall and f1's panels.
@@ -56,6 +57,16 @@ def test_training_redraws_curves_png_at_each_epoch_end(tiny, monkeypatch, drawin
     height, width, _ = matplotlib.image.imread(png).shape
     assert height > 100 and width > 100
     assert not list(png.parent.glob(".curves.png.tmp*"))  # written through a rename
+
+
+@pytest.mark.slow
+def test_a_drawing_waits_until_it_is_a_small_share_of_the_run(tiny, monkeypatch, drawings):
+    """A drawing costs about a second on a CPU: the next waits until it is REDRAW_SHARE of
+    the time since (here a millionth: never again in this run), not every REDRAW_EVERY_S."""
+    monkeypatch.setattr(logger, "REDRAW_EVERY_S", 0)
+    monkeypatch.setattr(logger, "REDRAW_SHARE", 1e-6)
+    fit(load_config(None, tiny))  # 2 epochs
+    assert drawings == [(1, 18)]
 
 
 @pytest.mark.slow

@@ -243,7 +243,8 @@ def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
     trainee.scheduler.step()
     if trainee.ema is not None:
         trainee.ema.update_parameters(trainee.model)
-    return total / micro_batches, grad_norm
+    # One micro-batch (the default): the loss as it is; a division by 1 is an op per step.
+    return (total / micro_batches if micro_batches > 1 else total), grad_norm
 
 
 def accumulate(loop: Loop, batches, micro_batches: int) -> torch.Tensor:
@@ -251,7 +252,7 @@ def accumulate(loop: Loop, batches, micro_batches: int) -> torch.Tensor:
     (DDP reduces them across ranks in the last backward). Returns the sum of their losses."""
     trainee, device, channels_last = loop.trainee, loop.device, loop.cfg.train.channels_last
     mixed_precision = autocast(device, loop.cfg.train.amp)
-    total = 0.0
+    total = None
     for micro in range(micro_batches):
         x, y = to_device(next(batches), device)
         if channels_last and x.dim() == 4:
@@ -262,8 +263,10 @@ def accumulate(loop: Loop, batches, micro_batches: int) -> torch.Tensor:
                 loss = loop.data.task.loss(trainee.net(x), y)
             # Divide so the accumulated gradient is the mean over the step's micro-batches
             # (the epoch's last step may have fewer than train.grad_accum_steps).
-            trainee.scaler.scale(loss / micro_batches).backward()
-        total = total + loss.detach()
+            # (Not divided by 1: one op less per step, and a node less in backward.)
+            scaled = loss / micro_batches if micro_batches > 1 else loss
+            trainee.scaler.scale(scaled).backward()
+        total = loss.detach() if total is None else total + loss.detach()
     return total
 
 

@@ -3,6 +3,8 @@ and the statistics that standardise their columns."""
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 from torch.utils.data import Dataset
 
@@ -18,7 +20,8 @@ class InMemoryDataset(Dataset):
         # An int gives one sample; a list of indices (build_loader's batch sampler) gives the
         # whole batch in one gather instead of batch_size calls and a collate.
         if isinstance(i, list):
-            i = torch.as_tensor(i)
+            # Through a buffer: torch.as_tensor(list) parses each int (~30 us a batch of 64).
+            i = torch.frombuffer(array("q", i), dtype=torch.int64) if i else torch.as_tensor(i)
         return self.x[i], self.y[i]
 
 

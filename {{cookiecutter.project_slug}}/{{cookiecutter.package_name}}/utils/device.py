@@ -222,6 +222,8 @@ def busy_note(threads: int) -> str:
 def to_device(batch, device: torch.device):
     """Move a tensor or a (nested) tuple/list/dict of tensors; async from pinned memory on CUDA."""
     if isinstance(batch, torch.Tensor):
+        if batch.device == device:  # already there (CPU training): .to() would return it too
+            return batch
         return batch.to(device, non_blocking=device.type == "cuda")
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(b, device) for b in batch)

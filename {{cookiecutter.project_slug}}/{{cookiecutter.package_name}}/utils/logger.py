@@ -19,12 +19,14 @@ from .metrics import flatten
 from .plots import INSTALL_HINT, available, plot_curves
 from .trackers import open_trackers
 
-# curves.png is redrawn at an epoch's end once this long has passed since the last drawing
-# (a drawing takes ~0.3 s: short epochs would spend their time on it), and when the run ends
-# if it trained at least DRAW_AT_END_AFTER_S (a first drawing also imports matplotlib, ~1 s:
-# the tail of every tiny run, test and trial). A shorter run's curves are in
+# curves.png is redrawn at an epoch's end once REDRAW_EVERY_S has passed since the last
+# drawing, and the drawing (~1 s on a CPU for a classification's 8 panels) at most
+# REDRAW_SHARE of the time since: the interval grows with its cost. It is drawn when the run
+# ends if it trained at least DRAW_AT_END_AFTER_S (a first drawing also imports matplotlib,
+# ~1 s: the tail of every tiny run, test and trial). A shorter run's curves are in
 # metrics.csv and TensorBoard, and `scripts/compare_runs.py <run folder>` draws them.
 REDRAW_EVERY_S = 30.0
+REDRAW_SHARE = 0.01
 DRAW_AT_END_AFTER_S = 30.0
 # The last step given to the trackers, beside the checkpoints: a resume from an earlier step
 # finds out that they hold steps it will log again.
@@ -60,6 +62,7 @@ class MetricLogger:
         self.curves = False  # curves.png, redrawn from metrics.csv (when matplotlib is there)
         self._opened, self._elapsed = time.perf_counter(), 0.0
         self._drawn_at, self._stale = self._opened, False  # curves.png vs metrics.csv
+        self._redraw_s = REDRAW_EVERY_S  # grows with the drawing's cost (REDRAW_SHARE)
         if run_dir is not None:
             # Found now, before an epoch's work, rather than when the first row is due.
             for path in (run_dir / run_files.METRICS, run_dir.parent / run_files.RUNS):
@@ -113,7 +116,7 @@ class MetricLogger:
         self.scalars(int(row["step"]), {k: v for k, v in row.items() if "/" in k})
         _append_csv(self.run_dir / run_files.METRICS, row)
         self._stale = True
-        if time.perf_counter() - self._drawn_at >= REDRAW_EVERY_S:
+        if time.perf_counter() - self._drawn_at >= self._redraw_s:
             self._draw_curves()
 
     def tracker_ids(self) -> dict[str, str]:
@@ -130,12 +133,14 @@ class MetricLogger:
     def _draw_curves(self) -> None:
         if not (self.curves and self._stale and self._holds()):
             return
+        start = time.perf_counter()
         try:
             plot_curves(self.run_dir / run_files.METRICS, self.run_dir / run_files.CURVES)
         except Exception as exc:  # a plot is never worth a training run: note it, go on
             print(f"warning: curves.png not drawn ({type(exc).__name__}: {exc}); no more tries")
             self.curves = False
         self._drawn_at, self._stale = time.perf_counter(), False
+        self._redraw_s = max(REDRAW_EVERY_S, (self._drawn_at - start) / REDRAW_SHARE)
 
     def close(self) -> None:
         if time.perf_counter() - self._opened >= DRAW_AT_END_AFTER_S:

@@ -4,6 +4,7 @@ as whole processes, paired, in one run of this script.
     python benchmarks/bench_runs.py                 # ~4 min on 2 cores: 5 pairs of each
     python benchmarks/bench_runs.py --quick         # 1 pair of each, smaller (checks it runs)
     python benchmarks/bench_runs.py --project DIR --repeats 9 --json runs.json
+    python benchmarks/bench_runs.py --threads 0     # each process's default threads
 
 Bakes the template (or takes --project) and times, in rotating order, `--repeats` pairs of:
 
@@ -16,8 +17,9 @@ Bakes the template (or takes --project) and times, in rotating order, `--repeats
              as whole processes of 6 and of 1 epochs, (t6 - t1) / 5, of the project and of
              the same hand-written loop: ratio loop / project, target at least 0.98 (the
              epoch's end: validation, the fsynced checkpoint and best.pt, metrics.csv and
-             TensorBoard, against the loop's validation and one torch.save); and the same for
-             an overhead-bound configuration (a CNN of width 8 on 8x8 images: short steps);
+             TensorBoard, against the loop's validation and one torch.save; curves.png off,
+             as without matplotlib: the loop draws none); and the same for an overhead-bound
+             configuration (a CNN of width 8 on 8x8 images: short steps);
   sweep      `scripts/sweep.py` with a grid of 4 tiny trials against the same 4 trials run
              one after another as `scripts/train.py` processes: ratio sweep / sequential,
              target at most 0.6; and the seconds per trial of each (the sweep's after its own
@@ -56,8 +58,8 @@ config, data, models = (importlib.import_module(f"{pkg}.{m}") for m in ("config"
                                                                        "models"))
 cfg = config.load_config(None, args)
 torch.manual_seed(cfg.run.seed)
-train = data.SyntheticGratings(cfg.data.options, "train")
-val = data.SyntheticGratings(cfg.data.options, "val")
+train = data.DATASETS["synthetic"](cfg.data.options, "train")
+val = data.DATASETS["synthetic"](cfg.data.options, "val")
 model = models.build_model(cfg.model, train.x[:2], train.num_classes)
 opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr,
                         weight_decay=cfg.train.weight_decay, fused=True)
@@ -99,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--quick", action="store_true", help="1 pair of each, smaller runs")
     p.add_argument("--repeats", type=int, default=5, help="pairs of each (default 5)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1; 0: each process's default, as a user's run)",
+    )
     p.add_argument("--project", help="time this baked project instead of baking one")
     p.add_argument("--json", help="write the numbers to this file")
     args = p.parse_args(argv)
@@ -109,7 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         project, package = bake(work, args.project)
         env = _child_env(project, args.threads)
+        if not args.threads:  # the default: the project's auto (run.threads=0), torch's own
+            env = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         threads = [f"run.threads={args.threads}"]
+        # The epoch's figure compares the same work: the loop draws no curves.png, and the
+        # project's one drawing at the end of a run over 30 s (~1 s with the matplotlib import)
+        # would land in (t6 - t1) only. Off as without matplotlib (its cost during a run is
+        # bounded by utils/logger.py's REDRAW_SHARE).
+        no_plots = work / "no_plots"
+        no_plots.mkdir()
+        (no_plots / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None")
+        epoch_env = {**env, "PYTHONPATH": os.pathsep.join([str(no_plots), env["PYTHONPATH"]])}
         loop = work / "loop.py"
         loop.write_text(LOOP)
         py = sys.executable
@@ -139,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                     settings = [f"train.epochs={n}", *extra, *threads,
                                 f"run.output_dir={out}/{case}{n}"]  # fmt: skip
                     epochs[f"project_{n}"] = timed(
-                        [py, "scripts/train.py", *settings], env, project
+                        [py, "scripts/train.py", *settings], epoch_env, project
                     )
                     epochs[f"loop_{n}"] = timed(
-                        [py, str(loop), package, str(work / "e.pt"), *settings], env, project
+                        [py, str(loop), package, str(work / "e.pt"), *settings], epoch_env, project
                     )
                 pairs[case].append(epochs)
             pairs["sweep"].append({"sweep_s": sweep_s, "sequential_s": sequential_s})

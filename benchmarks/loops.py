@@ -69,7 +69,7 @@ def minimal(spec: dict, fused: bool | None = True) -> dict:
 
     cfg = config.load_config(None, spec["overrides"])
     torch.manual_seed(cfg.run.seed)
-    train_set = data.SyntheticGratings(cfg.data.options, "train")
+    train_set = data.DATASETS["synthetic"](cfg.data.options, "train")
     model = models.build_model(cfg.model, train_set.x[:2], train_set.num_classes)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=fused
@@ -131,7 +131,7 @@ def lightning(spec: dict) -> dict:
 
     cfg = config.load_config(None, spec["overrides"])
     L.seed_everything(cfg.run.seed, verbose=False)
-    train_set = data.SyntheticGratings(cfg.data.options, "train")
+    train_set = data.DATASETS["synthetic"](cfg.data.options, "train")
     loader = data.build_loader(
         train_set, cfg.data, batch_size=cfg.train.batch_size, train=True, seed=cfg.run.seed
     )

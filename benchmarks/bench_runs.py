@@ -19,7 +19,9 @@ Bakes the template (or takes --project) and times, in rotating order, `--repeats
              epoch's end: validation, the fsynced checkpoint and best.pt, metrics.csv and
              TensorBoard, against the loop's validation and one torch.save; curves.png off,
              as without matplotlib: the loop draws none); and the same for an overhead-bound
-             configuration (a CNN of width 8 on 8x8 images: short steps);
+             configuration (a CNN of width 8 on 8x8 images: short steps, an epoch of ~0.6 s),
+             over 16 and 1 epochs, (t16 - t1) / 15: over 5 epochs the processes' own
+             scatter (~50 ms) moved its ratio by 10%;
   sweep      `scripts/sweep.py` with a grid of 4 tiny trials against the same 4 trials run
              one after another as `scripts/train.py` processes: ratio sweep / sequential,
              target at most 0.6; and the seconds per trial of each (the sweep's after its own
@@ -48,7 +50,9 @@ TINY_RUN = ["train.epochs=4", "run.loggers=[csv]"]
 TRIAL = ["data.train_size=256", "data.val_size=64", "model.width=8", "train.batch_size=32",
          "train.epochs=1", "run.loggers=[csv]"]  # fmt: skip
 LRS = ["1e-3", "2e-3", "3e-3", "4e-3"]
-SMALL = ["model.width=8", "data.image_size=8"]  # overhead-bound: steps of ~1 ms
+SMALL = ["model.width=8", "data.image_size=8"]  # overhead-bound: steps of ~8 ms, short epochs
+# Epochs of the two runs whose difference is an epoch's cost, per case (--quick: 1 and 2).
+EPOCHS = {"epoch": (1, 6), "epoch_small": (1, 16)}
 
 # The hand-written loop: what the tiny run does, written out with no framework around it.
 LOOP = """
@@ -86,6 +90,15 @@ for epoch in range(epochs):
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}, out)
     print(f"epoch {epoch + 1}: val acc {acc:.4f}")
 """
+
+
+def epoch_ratio_of(pairs: list[dict], case: str, quick: bool) -> float:
+    """The median over pairs of loop / project, each an epoch's cost: the difference of the
+    longer and the one-epoch runs."""
+    last = 2 if quick else EPOCHS[case][1]
+    return statistics.median(
+        (e[f"loop_{last}"] - e["loop_1"]) / (e[f"project_{last}"] - e["project_1"]) for e in pairs
+    )
 
 
 def timed(cmd: list[str], env: dict, cwd: Path) -> float:
@@ -152,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             pairs["run"].append({"project_s": run_s, "loop_s": loop_s})
             for case, extra in (("epoch", []), ("epoch_small", SMALL)):
                 epochs = {}
-                for n in (1, 2) if args.quick else (1, 6):
+                for n in (1, 2) if args.quick else EPOCHS[case]:
                     settings = [f"train.epochs={n}", *extra, *threads,
                                 f"run.output_dir={out}/{case}{n}"]  # fmt: skip
                     epochs[f"project_{n}"] = timed(
@@ -166,14 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pair {i + 1}/{repeats}: run {run_s:.2f} s vs loop {loop_s:.2f} s; sweep "
                   f"{sweep_s:.2f} s vs 4 processes {sequential_s:.2f} s", flush=True)  # fmt: skip
     run_ratio = statistics.median(r["project_s"] / r["loop_s"] for r in pairs["run"])
-    last = 2 if args.quick else 6
-    epoch_ratio, small_ratio = (
-        statistics.median(
-            (e[f"loop_{last}"] - e["loop_1"]) / (e[f"project_{last}"] - e["project_1"])
-            for e in pairs[case]
-        )
-        for case in ("epoch", "epoch_small")
-    )
+    epoch_ratio, small_ratio = (epoch_ratio_of(pairs[case], case, args.quick) for case in EPOCHS)
     sweep_ratio = statistics.median(s["sweep_s"] / s["sequential_s"] for s in pairs["sweep"])
     process_s = statistics.median(s["sequential_s"] / len(LRS) for s in pairs["sweep"])
     forked_s = statistics.median((s["sweep_s"] - bare) / len(LRS) for s in pairs["sweep"])

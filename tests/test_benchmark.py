@@ -203,3 +203,26 @@ def test_options_benchmark_quick_times_every_option(tmp_path):
     assert all(math.isfinite(r) for r in result["ratios"].values())
     assert all(len(pair) == 5 for pair in result["pairs"])
     assert "epoch micro_half / off" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_whole_config_stays_in_the_recipe_and_the_run_s_record(tmp_path):
+    """benchmarks/config_reach.py (issue 46): traced new and resumed runs. The whole Config
+    reaches the recipe (trainer.py) and what describes the whole run (the summary, the
+    provenance record, the resume's check of changed settings); every other component gets
+    its own section or values by name."""
+    out = tmp_path / "reach.json"
+    done = subprocess.run(
+        [sys.executable, str(TEMPLATE / "benchmarks" / "config_reach.py"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    whole_run = {"trainer.py", "summary.py", "utils/provenance.py", "checkpoint/resume.py"}
+    for label in ("new run", "resumed run"):
+        modules = set(result[label]["modules"])
+        assert "trainer.py" in modules, result[label]  # the tracer sees fit(cfg)
+        assert modules <= whole_run, modules - whole_run
+    assert "checkpoint/resume.py" in result["resumed run"]["modules"]  # resume.changes(cfg)

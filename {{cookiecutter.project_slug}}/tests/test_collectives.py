@@ -87,9 +87,8 @@ def test_every_collective_of_a_run_gets_its_tensor_on_the_run_s_device(grouped):
     batches.dataset = data
     task = Classification(Options(), SimpleNamespace(num_classes=4))
     stop = StopSignal()
-    cfg = SimpleNamespace(train=SimpleNamespace(on_nonfinite="skip"))  # its collectives too
     loop = SimpleNamespace(device=CPU, stop=stop, progress=Progress(step=3), dist=DistInfo())
-    loop.cfg = cfg
+    loop.train = SimpleNamespace(on_nonfinite="skip")  # its collectives too
     losses = [torch.tensor(1.0), torch.tensor(2.0), torch.tensor(3.0)]
     collector = report.Collector("classification", 4, CPU)
     with torch.device("meta"):

@@ -192,7 +192,7 @@ def step(scale, inject):
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     trainee = loop.Trainee(net, optimizer, schedule, scaler, 1e-2, ddp=net, net=net)
     run = SimpleNamespace(
-        cfg=SimpleNamespace(train=TrainConfig(grad_clip=0.01)),  # clipping bites
+        train=TrainConfig(grad_clip=0.01),  # clipping bites
         trainee=trainee,
         device=CPU,
         data=SimpleNamespace(task=SimpleNamespace(loss=F.cross_entropy)),

@@ -22,8 +22,10 @@ REGISTRIES = {"data": DATASETS, "models": MODELS, "tasks": TASKS}
 def test_every_entry_imports_a_class_with_its_options(section):
     registry = REGISTRIES[section]
     for name in registry:
+        where = registry.module(name)  # named before the import, found after it
         component = registry[name]
         assert isinstance(component, type), f"{section} {name}: {component!r}"
+        assert component.__module__ == where
         assert "Options" not in vars(component) or isinstance(component.Options, type)
 
 
@@ -50,7 +52,7 @@ from PKG.data import DATASETS
 from PKG.models import MODELS
 from PKG.tasks import TASKS
 registries = dict(data=DATASETS, models=MODELS, tasks=TASKS)
-entries = dict((section, dict(r._entries)) for section, r in registries.items())
+entries = dict((section, dict((n, r.module(n)) for n in r)) for section, r in registries.items())
 from PKG.trainer import fit
 fit(load_config(None, sys.argv[1:]))
 loaded = sorted(m for m in sys.modules if m.startswith("PKG."))
@@ -68,7 +70,6 @@ def test_a_run_loads_the_components_it_names_and_not_the_others(tmp_path):
     chosen = {"data": "synthetic", "models": "cnn", "tasks": "classification"}
     for section, entries in found["entries"].items():
         assert chosen[section] in entries
-        for name, entry in entries.items():
-            module = f"{PACKAGE}.{section}.{entry.partition(':')[0].lstrip('.')}"
+        for name, module in entries.items():
             assert (module in loaded) == (name == chosen[section]), (name, module)
     assert loaded.isdisjoint(f"{PACKAGE}.{name}" for name in UNUSED)

@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ from tqdm import tqdm
 
 from . import checkpoint, distributed, finetune, microbatch, parallel
 from .checkpoint import CheckpointManager, Progress
-from .config import Config
+from .config import TrainConfig
 from .data import set_epoch
 from .distributed import DistInfo
 from .nonfinite import read_losses, skip_step
@@ -42,6 +43,7 @@ class Data:
     example_y: torch.Tensor  # and their targets: the task was tried on both (tasks/protocol.py)
     meta: dict  # what prediction needs to read new inputs (classes, normalisation), saved
     io: dict  # the model's input shape and dtype and output size (models.model_io), saved
+    loader_args: dict  # how this rank's loaders are built: the test split's too (build_loader)
     steps_per_epoch: int
     effective_batch: int  # batch_size x grad_accum_steps x ranks: samples per optimizer step
 
@@ -63,9 +65,15 @@ class Trainee:
 
 @dataclass
 class Loop:
-    """One run in progress: its settings, data, trainee, position, logger and stop signal."""
+    """One run in progress: its own settings (not the whole Config: trainer.py picks them),
+    data, trainee, position, logger and stop signal."""
 
-    cfg: Config
+    train: TrainConfig
+    log_every: int  # run.log_every: steps between loss reads
+    model_name: str  # model.name: which modules fine-tuning calls the head (finetune.py)
+    best: tuple[str, str]  # the val metric that picks best.pt, and max or min (Config.best)
+    tie: tuple[str, str]  # the metric that breaks its ties (Config.tie_break)
+    run_dir: Path  # where train.py --profile writes
     dist: DistInfo
     device: torch.device
     data: Data
@@ -82,13 +90,13 @@ def run_epochs(loop: Loop, ckpts: CheckpointManager) -> tuple[dict, str | None]:
     """Train an epoch, validate, checkpoint; until the last epoch, early stopping, or a stop.
     train.max_steps ends the run where it falls, validated (mid-epoch too); a signal saves
     where it is and returns at once. Returns the last validation metrics and stop reason."""
-    cfg, progress = loop.cfg, loop.progress
+    train, progress = loop.train, loop.progress
     metrics = {}
-    for epoch in range(progress.epoch, cfg.train.epochs):
+    for epoch in range(progress.epoch, train.epochs):
         progress.epoch, t = epoch, loop.trainee
         set_epoch(loop.data.train_loader, epoch, start=progress.epoch_samples)
-        if finetune.set_epoch(t.model, cfg.train, epoch, cfg.model.name):  # frozen or not
-            t.ddp, t.net = parallel.wrap(t.model, cfg.train, loop.dist.world_size, loop.device)
+        if finetune.set_epoch(t.model, train, epoch, loop.model_name):  # frozen or not
+            t.ddp, t.net = parallel.wrap(t.model, train, loop.dist.world_size, loop.device)
         start = time.perf_counter()
         stats, stopped = train_one_epoch(loop)
         train_time = time.perf_counter() - start
@@ -96,8 +104,8 @@ def run_epochs(loop: Loop, ckpts: CheckpointManager) -> tuple[dict, str | None]:
             save(loop, ckpts, is_best=False)
             return metrics, stopped
         metrics = validate_and_save(loop, ckpts, stats, train_time)
-        if not stopped and epoch + 1 < cfg.train.epochs:
-            stopped = checkpoint.complete_reason(cfg, progress)  # early stopping (bad_epochs)
+        if not stopped and epoch + 1 < train.epochs:
+            stopped = checkpoint.complete_reason(train, progress)  # early stopping (bad_epochs)
         if stopped:
             return metrics, stopped
     return metrics, None
@@ -109,26 +117,25 @@ def validate_and_save(
     """Validate the model as it is, save it (best.pt too when it improves) and report: at the
     end of an epoch, or where train.max_steps ends the run mid-epoch, so that the summary,
     runs.csv and best.pt describe the final model. Returns the metrics."""
-    cfg, progress, data = loop.cfg, loop.progress, loop.data
-    best_metric, best_mode = cfg.best()
+    progress, data = loop.progress, loop.data
+    best_metric, best_mode = loop.best
     # The weights' average when train.ema_decay is on; every rank evaluates the BatchNorm
     # statistics it saves.
     model = loop.trainee.ema.module if loop.trainee.ema is not None else loop.trainee.model
     distributed.sync_buffers(model)
     split = f"the validation split at step {progress.step}"
     rows = 2 * progress.micro_batch  # as the loaders: validation batches are twice as large
-    args = (model, data.val_loader, data.task, loop.device, cfg.train.amp)
+    args = (model, data.val_loader, data.task, loop.device, loop.train.amp)
     metrics = evaluate(*args, split=split, rows=rows)
     for line in notes(data.task, metrics, best_metric, loop.said) if loop.dist.is_main else ():
         tqdm.write(line)
     if stats["finished"]:
         progress.epoch, progress.epoch_samples = progress.epoch + 1, 0
     # A part of an epoch is no epoch for early stopping; a resume continues that epoch.
-    tie_metric, tie_mode = cfg.tie_break()  # equal best values: the lower loss wins
+    tie_metric, tie_mode = loop.tie  # equal best values: the lower loss wins
     tie = (metrics[tie_metric], tie_mode)
-    is_best = progress.improves(
-        metrics[best_metric], best_mode, cfg.train.early_stop_min_delta, stats["finished"], tie=tie
-    )
+    delta = loop.train.early_stop_min_delta
+    is_best = progress.improves(metrics[best_metric], best_mode, delta, stats["finished"], tie=tie)
     progress.train_seconds += train_time
     progress.samples += stats["samples"]
     progress.metrics = metrics
@@ -141,9 +148,9 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
 
     Returns the stats of the steps trained ("finished": whether the epoch ended) and the stop
     reason."""
-    cfg, progress, accum = loop.cfg, loop.progress, loop.cfg.train.grad_accum_steps
+    train, progress, accum = loop.train, loop.progress, loop.train.grad_accum_steps
     loader = loop.data.train_loader
-    finetune.train_mode(loop.trainee.net, loop.trainee.model, cfg.train, progress.epoch)
+    finetune.train_mode(loop.trainee.net, loop.trainee.model, train, progress.epoch)
     done = progress.epoch_samples // loop.data.effective_batch  # steps this epoch before a resume
     micro_left = len(loader)  # the micro-batches left in this epoch (the loader starts there)
     steps_left = min(loop.data.steps_per_epoch - done, -(-micro_left // accum))
@@ -170,8 +177,8 @@ def train_one_epoch(loop: Loop) -> tuple[dict, str | None]:
             hook(loop)
 
         last = i == steps_left - 1
-        at_limit = 0 < cfg.train.max_steps <= progress.step
-        log_now = progress.step % cfg.run.log_every == 0 or last or at_limit
+        at_limit = 0 < train.max_steps <= progress.step
+        log_now = progress.step % loop.log_every == 0 or last or at_limit
         if not log_now and loop.vote.due(progress.step):
             # Ranks compare stop requests every ~2 s (StopVote); a stop logs like an interval.
             log_now = loop.vote(progress.step)
@@ -205,7 +212,7 @@ def progress_bar(loop: Loop, done: int) -> tqdm:
         leave=False,
         dynamic_ncols=True,
         disable=None if loop.dist.is_main else True,
-        desc=f"epoch {loop.progress.epoch + 1}/{loop.cfg.train.epochs}",
+        desc=f"epoch {loop.progress.epoch + 1}/{loop.train.epochs}",
     )
 
 
@@ -226,32 +233,31 @@ def log_interval(loop: Loop, losses: list, steps: int, grad_norm, bar: tqdm) -> 
 def train_step(loop: Loop, batches, micro_batches: int, params: list) -> tuple:
     """One optimizer step on the next `micro_batches` batches, their gradients accumulated.
     Returns the step's mean loss (on the device, detached) and the gradient norm."""
-    cfg, trainee = loop.cfg.train, loop.trainee
+    train, trainee = loop.train, loop.trainee
     if loop.progress.micro_batch:  # train.micro_batch_size: batches cut, backing off on OOM
-        total = microbatch.accumulate(loop, [next(batches) for _ in range(micro_batches)])
+        loss = microbatch.accumulate(loop, [next(batches) for _ in range(micro_batches)])
     else:
-        total = accumulate(loop, batches, micro_batches)
+        loss = accumulate(loop, batches, micro_batches)
     trainee.scaler.unscale_(trainee.optimizer)  # clip the true gradients, not fp16-scaled ones
-    grad_norm = parallel.clip_grad_norm_(params, cfg.grad_clip or math.inf)
-    if cfg.on_nonfinite == "skip" and skip_step(loop, total, grad_norm):  # nonfinite.py
+    grad_norm = parallel.clip_grad_norm_(params, train.grad_clip or math.inf)
+    if train.on_nonfinite == "skip" and skip_step(loop, loss, grad_norm):  # nonfinite.py
         trainee.scaler.update()  # fp16: the scale backs off, as for the scaler's own skips
         trainee.optimizer.zero_grad(set_to_none=True)
-        return torch.full_like(total, math.nan), grad_norm  # left out of the logged mean
+        return torch.full_like(loss, math.nan), grad_norm  # left out of the logged mean
     trainee.scaler.step(trainee.optimizer)  # skipped when fp16 gradients overflowed (no error)
     trainee.scaler.update()
     trainee.optimizer.zero_grad(set_to_none=True)
     trainee.scheduler.step()
     if trainee.ema is not None:
         trainee.ema.update_parameters(trainee.model)
-    # One micro-batch (the default): the loss as it is; a division by 1 is an op per step.
-    return (total / micro_batches if micro_batches > 1 else total), grad_norm
+    return loss, grad_norm
 
 
 def accumulate(loop: Loop, batches, micro_batches: int) -> torch.Tensor:
     """Forward and backward over the next `micro_batches` batches, their gradients summed
-    (DDP reduces them across ranks in the last backward). Returns the sum of their losses."""
-    trainee, device, channels_last = loop.trainee, loop.device, loop.cfg.train.channels_last
-    mixed_precision = autocast(device, loop.cfg.train.amp)
+    (DDP reduces them across ranks in the last backward). Returns their mean loss (detached)."""
+    trainee, device, channels_last = loop.trainee, loop.device, loop.train.channels_last
+    mixed_precision = autocast(device, loop.train.amp)
     total = None
     for micro in range(micro_batches):
         x, y = to_device(next(batches), device)
@@ -262,11 +268,11 @@ def accumulate(loop: Loop, batches, micro_batches: int) -> torch.Tensor:
             with mixed_precision:
                 loss = loop.data.task.loss(trainee.net(x), y)
             # Divide so the accumulated gradient is the mean over the step's micro-batches
-            # (the epoch's last step may have fewer than train.grad_accum_steps).
-            # (Not divided by 1: one op less per step, and a node less in backward.)
+            # (the epoch's last step may have fewer than train.grad_accum_steps); not by 1:
+            # that is an op per step, and a node in backward.
             scaled = loss / micro_batches if micro_batches > 1 else loss
             trainee.scaler.scale(scaled).backward()
-        total = loss.detach() if total is None else total + loss.detach()
+        total = scaled.detach() if total is None else total + scaled.detach()
     return total
 
 

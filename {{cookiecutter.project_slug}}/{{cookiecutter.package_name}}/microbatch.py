@@ -55,7 +55,7 @@ def is_oom(err: BaseException) -> bool:
 def accumulate(loop, batches: list) -> torch.Tensor:
     """Forward and backward over the step's `batches` in micro-batches of
     loop.progress.micro_batch, their gradients averaged over ranks; on out-of-memory on any
-    rank, again at half the micro-batch. Returns the sum of the batches' mean losses."""
+    rank, again at half the micro-batch. Returns the step's mean loss (detached)."""
     while True:
         oom = ""
         try:
@@ -76,18 +76,18 @@ def accumulate(loop, batches: list) -> torch.Tensor:
 
 def _forward_backward(loop, batches: list, size: int) -> torch.Tensor:
     trainee, device = loop.trainee, loop.device
-    mixed_precision = autocast(device, loop.cfg.train.amp)
+    mixed_precision = autocast(device, loop.train.amp)
     total = torch.zeros((), device=device)
     for batch in batches:
         x, y = to_device(batch, device)
         for xs, ys in parts(x, y, size):
-            if loop.cfg.train.channels_last and xs.dim() == 4:
+            if loop.train.channels_last and xs.dim() == 4:
                 xs = xs.contiguous(memory_format=torch.channels_last)
             with mixed_precision:
                 loss = loop.data.task.loss(trainee.net(xs), ys)
             share = len(xs) / len(x)  # the batch's mean: each micro-batch by its size
             trainee.scaler.scale(loss * (share / len(batches))).backward()
-            total = total + loss.detach().float() * share
+            total = total + loss.detach().float() * (share / len(batches))
     return total
 
 
@@ -107,10 +107,10 @@ def _back_off(loop, why: str) -> None:
     if loop.device.type == "cuda":
         torch.cuda.empty_cache()
     size = progress.micro_batch
-    if size <= 1 or loop.cfg.train.micro_batch_size != "auto":
+    if size <= 1 or loop.train.micro_batch_size != "auto":
         raise OutOfMemory(
             f"out of memory at step {progress.step + 1} with a micro-batch of {size} "
-            f"(train.micro_batch_size={loop.cfg.train.micro_batch_size}): {why}; try "
+            f"(train.micro_batch_size={loop.train.micro_batch_size}): {why}; try "
             + ("train.micro_batch_size=auto, " if size > 1 else "")
             + FIXES
         )

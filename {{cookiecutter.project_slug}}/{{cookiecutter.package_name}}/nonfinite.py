@@ -33,10 +33,10 @@ def skip_step(loop, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         return False
     progress.skipped += 1
     progress.skipped_in_a_row += 1
-    if progress.skipped_in_a_row > loop.cfg.train.max_skipped:
+    if progress.skipped_in_a_row > loop.train.max_skipped:
         raise NonFiniteLoss(
             f"loss or gradient not finite at {progress.skipped_in_a_row} steps in a row, up to "
-            f"step {progress.step + 1} (train.max_skipped={loop.cfg.train.max_skipped}); "
+            f"step {progress.step + 1} (train.max_skipped={loop.train.max_skipped}); "
             f"stopped, the last good checkpoint is kept ({ADVICE})"
         )
     return True
@@ -48,7 +48,7 @@ def read_losses(loop, losses: list[torch.Tensor], steps: int) -> tuple[float, bo
     train.on_nonfinite=skip the skipped steps' (nan) are left out of the mean instead."""
     step_losses = torch.stack(losses).view(steps, -1).mean(1)  # (steps,): one mean per step
     bad = ~torch.isfinite(step_losses)
-    skip = loop.cfg.train.on_nonfinite == "skip"
+    skip = loop.train.on_nonfinite == "skip"
     first = bad.float().argmax() + (loop.progress.step - steps + 1)
     first_bad = torch.where(bad.any() & (not skip), first, -1).float()
     # One small collective carries everything the ranks must agree on.

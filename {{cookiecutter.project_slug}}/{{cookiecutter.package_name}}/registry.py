@@ -9,6 +9,7 @@ nothing.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Iterator, MutableMapping
 
 
@@ -23,6 +24,13 @@ class Registry(MutableMapping):
             entry = getattr(importlib.import_module(module, self._package), attr)
             self._entries[name] = entry
         return entry
+
+    def module(self, name: str) -> str:
+        """The module `name`'s component lives in, found without importing it."""
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            return importlib.util.resolve_name(entry.partition(":")[0], self._package)
+        return entry.__module__
 
     def __setitem__(self, name: str, component) -> None:
         self._entries[name] = component

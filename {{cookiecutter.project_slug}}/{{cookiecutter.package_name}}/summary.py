@@ -15,8 +15,10 @@ from . import microbatch
 from .checkpoint import Progress
 from .config import Config
 from .utils.device import memory_mb
+from .utils.logger import record_run
 from .utils.metrics import flatten
 
+COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do
 REASONS = {
     "finished": "finished",
     "max_steps": "stopped at train.max_steps",
@@ -92,6 +94,26 @@ def summary(
     return "\n".join(lines)
 
 
+def finish(cfg: Config, progress: Progress, stopped, meta: dict, seconds: float, test=None):
+    """Rank 0 at the end: where a stopped run was saved; or a complete run's runs.csv line and
+    its summary (+ test)."""
+    if stopped not in COMPLETE:
+        last = Path(cfg.run.output_dir) / cfg.run.name / "last.pt"
+        print(f"stopped ({stopped}) at step {progress.step}; saved {last}")
+        return
+    record_run(Path(cfg.run.output_dir), run_row(cfg, progress, test))
+    print(summary(cfg, progress, stopped or "finished", meta, seconds, test))
+
+
+def report_complete(cfg: Config, progress: Progress, reason: str, meta: dict) -> None:
+    """Rank 0, asked to resume a complete run: nothing to do, and its summary again."""
+    print(
+        f"run {cfg.run.name} is complete; nothing to do. To train further, resume with a "
+        "larger train.epochs (or train.max_steps, or train.early_stop_patience)"
+    )
+    print(summary(cfg, progress, reason, meta))
+
+
 def next_commands(cfg: Config, meta: dict) -> dict[str, str]:
     """{what: shell command} for this run's checkpoint: evaluate, predict, export, compare."""  # feature: export
     """{what: shell command} for this run's checkpoint: evaluate, predict, compare."""  # feature: !export
@@ -165,7 +187,7 @@ def report_epoch(loop, stats: dict, metrics: dict, train_time: float, is_best: b
         "time/train_s": train_time,
         "throughput/samples_per_s": stats["samples"] / train_time,
     }
-    skipping = loop.cfg.train.on_nonfinite == "skip"
+    skipping = loop.train.on_nonfinite == "skip"
     if skipping:  # steps dropped as not finite, in all (nonfinite.py)
         row["train/skipped_steps"] = progress.skipped
     if loop.progress.micro_batch:  # train.micro_batch_size: the one in force, CUDA's retries
@@ -175,7 +197,7 @@ def report_epoch(loop, stats: dict, metrics: dict, train_time: float, is_best: b
     if loop.dist.is_main:
         shown = {k: v for k, v in metrics.items() if k != "count" and "/" not in k}  # scalars
         tqdm.write(
-            f"epoch {row['epoch']}/{loop.cfg.train.epochs} | train loss {stats['loss']:.4f} | "
+            f"epoch {row['epoch']}/{loop.train.epochs} | train loss {stats['loss']:.4f} | "
             f"val {' '.join(f'{k} {v:.4f}' for k, v in shown.items())}"
             f"{' (best)' if is_best else ''} | lr {row['lr']:.2e} | {train_time:.1f}s | "
             f"{f'skipped {progress.skipped} steps | ' if skipping and progress.skipped else ''}"

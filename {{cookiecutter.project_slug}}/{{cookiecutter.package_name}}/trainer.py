@@ -1,5 +1,8 @@
 """Training: `fit(cfg)` runs the recipe in `train()`, which reads top to bottom: prepare the
-process, build the data and the model, resume, run the epochs (loop.py), summarise.
+process, build the data and the model, resume, run the epochs (loop.py), summarise. It is
+where the config's sections meet: each component gets its own (cfg.data, cfg.model, cfg.train,
+...) and the few values it needs by name; only the run's record (utils/provenance.py), the
+resume's check of changed settings and the summary, which describe the whole run, see it all.
 
 One optimizer step is loop.train_step: the micro-batch loop, autocast and the scaled backward
 (loop.py, utils/device.py), the task's loss (tasks/), gradient sync and clipping
@@ -35,10 +38,11 @@ from .optim import (
     scaled_lr,
     warmup_warning,
 )
-from .summary import run_row, summary
+from .summary import COMPLETE, finish, report_complete
 from .tasks import TASKS, build_task, check_task
+from .utils import provenance
 from .utils.device import busy_note, check_amp, configure_backends, configure_threads
-from .utils.logger import MetricLogger, human_count, record_run
+from .utils.logger import MetricLogger, human_count
 from .utils.seed import mix_seed, seed_everything
 from .utils.signals import StopSignal
 from .utils.trackers import check_installed
@@ -47,7 +51,6 @@ from .validation import evaluate, held_out_test, score_test
 __all__ = ["EXIT_PREEMPTED", "build_data", "evaluate", "fit"]
 
 EXIT_PREEMPTED = EXIT_STOPPED  # stopped (SIGTERM/SIGUSR1/Ctrl-C) after saving; rerun to resume
-COMPLETE = (None, "max_steps", "early_stopping")  # stop reasons of a run with nothing left to do
 
 
 def fit(cfg: Config, hooks=()) -> dict:
@@ -72,22 +75,24 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal, h
     started = time.perf_counter()
     threads = prepare_process(cfg, dist, device)
     progress = Progress()
-    ckpts = CheckpointManager(cfg, dist)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    ckpts = CheckpointManager(run_dir, cfg.train.keep_last, dist, to_dict(cfg))
     log = MetricLogger(None)
     data = None
     try:
         # First what to continue from: a checkpoint found wins over train.init_from (which
         # only starts a fresh run, with resume=auto too, as SLURM jobs pass it).
-        state, resumed_from = ckpts.find()
+        state, resumed_from = ckpts.find(cfg.train.resume)
         # Then the data, read as that checkpoint's model reads it (a CSV's columns by name).
         data = build_loaders(cfg, dist, device, state)
-        test_set = held_out_test(cfg, data)  # read and checked now; recorded in data.meta
+        test_set = held_out_test(cfg.data, TASKS[cfg.task.name].targets, data)  # in data.meta
         trainee = build_trainee(cfg, data, dist, device, resumed_from)
         if state is not None:
             restore(cfg, dist, ckpts, state, data, trainee, progress)
-            done = checkpoint.complete_reason(cfg, progress)
+            done = checkpoint.complete_reason(cfg.train, progress)
             if done:
-                report_complete(cfg, dist, progress, done, data.meta)
+                if dist.is_main:
+                    report_complete(cfg, progress, done, data.meta)
                 stopped = None if done == "finished" else done
                 return result(progress, progress.metrics, stopped, trainee.model)
         distributed.barrier()  # every rank has checked and loaded before rank 0 writes
@@ -96,12 +101,14 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal, h
             log = open_run_folder(cfg, ckpts, progress.step, (state or {}).get("trackers"))
             announce(cfg, dist, device, data, trainee, threads, progress, state is not None)
         vote = distributed.StopVote(stop, device, progress.step)
-        loop = Loop(cfg, dist, device, data, trainee, progress, log, stop, vote, hooks=[*hooks])
+        parts = dict(dist=dist, device=device, data=data, trainee=trainee, progress=progress)
+        loop = Loop(**loop_settings(cfg, run_dir), **parts, log=log, stop=stop, vote=vote)
+        loop.hooks += hooks
         metrics, stopped = run_epochs(loop, ckpts)
-        test = score_test(cfg, dist, device, data, trainee, test_set, stopped in COMPLETE)
+        test = score_test(loop, test_set, cfg.task) if stopped in COMPLETE else None
         if dist.is_main:
             log.close()  # draws the last curves.png, which the summary lists
-            summarise(cfg, progress, stopped, data.meta, time.perf_counter() - started, test)
+            finish(cfg, progress, stopped, data.meta, time.perf_counter() - started, test)
         # No rank leaves before rank 0 has written: under torchrun an early exit (75 after a
         # stop) counts as a failure and gets the others killed, and gloo can abort at exit.
         distributed.barrier()
@@ -173,6 +180,7 @@ def build_loaders(cfg: Config, dist: DistInfo, device: torch.device, state=None)
         io=model_io(example, task.num_outputs, source_of(train_set)),
         steps_per_epoch=steps_per_epoch,
         effective_batch=effective_batch,
+        loader_args=loader_args,
     )
 
 
@@ -228,7 +236,8 @@ def build_trainee(
 def restore(cfg, dist, ckpts: CheckpointManager, state, data: Data, trainee: Trainee, progress):
     """Continue the run of `state` exactly: the same data split, every state restored, the
     schedule continued; settings changed since are listed (some are refused)."""
-    changed = ckpts.restore(state, trainee, progress, data)
+    changed = checkpoint.changes(state, cfg, None if ckpts.new_run else ckpts.resumed_from)
+    ckpts.restore(state, trainee, progress, data, cfg.train, cfg.model.name)
     total_steps = planned_steps(cfg.train, data.steps_per_epoch)
     t = trainee
     note = continue_schedule(t.optimizer, t.scheduler, cfg.train, t.lr, total_steps)
@@ -238,15 +247,6 @@ def restore(cfg, dist, ckpts: CheckpointManager, state, data: Data, trainee: Tra
         print(f"settings changed since step {progress.step}: {', '.join(changed)}")
 
 
-def report_complete(cfg: Config, dist: DistInfo, progress: Progress, reason: str, meta: dict):
-    if dist.is_main:
-        print(
-            f"run {cfg.run.name} is complete; nothing to do. To train further, resume with a "
-            "larger train.epochs (or train.max_steps, or train.early_stop_patience)"
-        )
-        print(summary(cfg, progress, reason, meta))
-
-
 def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Trainee, progress):
     """What the forward pass calls: the backbone frozen or not for the epoch (finetune.py),
     the model in DistributedDataParallel on several ranks, compiled when train.compile; and
@@ -254,6 +254,13 @@ def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Train
     finetune.set_epoch(trainee.model, cfg.train, progress.epoch, cfg.model.name)
     trainee.ddp, trainee.net = parallel.wrap(trainee.model, cfg.train, dist.world_size, device)
     progress.micro_batch = microbatch.in_force(cfg.train, progress.micro_batch)
+
+
+def loop_settings(cfg: Config, run_dir: Path) -> dict:
+    """What the loop reads of the config: its section, and what the others tell it."""
+    best = dict(best=cfg.best(), tie=cfg.tie_break())
+    own = dict(train=cfg.train, log_every=cfg.run.log_every, model_name=cfg.model.name)
+    return dict(**own, **best, run_dir=run_dir)
 
 
 def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, progress, resumed):
@@ -284,19 +291,10 @@ def open_run_folder(
     """Rank 0 takes the run folder: lock, config, run.json, the logger from `step` on (its
     trackers continue the runs of `tracker_ids`, saved in the checkpoint resumed)."""
     ckpts.open()
-    log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, to_dict(cfg), tracker_ids, ckpts.lost)
-    ckpts.write_config()
+    settings = ckpts.settings
+    log = MetricLogger(ckpts.run_dir, cfg.run.loggers, step, settings, tracker_ids, ckpts.lost)
+    ckpts.write_config(*provenance.collect(cfg, settings, ckpts.dist.world_size))
     return log
-
-
-def summarise(cfg: Config, progress: Progress, stopped, meta: dict, seconds: float, test=None):
-    """Where a stopped run was saved; or a complete run's runs.csv line and summary (+ test)."""
-    if stopped not in COMPLETE:
-        last = Path(cfg.run.output_dir) / cfg.run.name / "last.pt"
-        print(f"stopped ({stopped}) at step {progress.step}; saved {last}")
-        return
-    record_run(Path(cfg.run.output_dir), run_row(cfg, progress, test))
-    print(summary(cfg, progress, stopped or "finished", meta, seconds, test))
 
 
 def result(progress: Progress, metrics: dict, stopped: str | None, model: nn.Module) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -16,7 +15,7 @@ from .data import build_loader, build_test_set, close_loader, empty_batch
 from .errors import UserError
 from .fsdp import even_batches, is_sharded  # feature: fsdp
 from .microbatch import parts
-from .tasks import TASKS, frozen_task
+from .tasks import frozen_task
 from .utils.device import autocast, sums_dtype, to_device
 from .utils.metrics import flatten
 
@@ -117,39 +116,38 @@ class Totals:
         return self.task.summarise(given)
 
 
-def held_out_test(cfg, data):
+def held_out_test(data_cfg, targets: str, data):
     """The test split (data.test_path, an image folder's test/) read with the training run's
     preprocessing, or None: read and checked before anything is written, and its path and
     size recorded in `data.meta` (saved in every checkpoint), as the validation split is."""
-    targets = TASKS[cfg.task.name].targets
-    test = build_test_set(cfg.data, targets, data.meta, source_name="the training table")
+    test = build_test_set(data_cfg, targets, data.meta, source_name="the training table")
     if test is not None:
         data.meta["test"] = {"path": str(test.path), "samples": len(test)}
     return test
 
 
-def score_test(cfg, dist, device, data, trainee, test_set, complete: bool):
+def score_test(loop, test_set, task_cfg):
     """(metrics, which model) on the test split, once at the end of a complete run (every rank
     takes part), or None: best.pt's weights where the run has one, else the final model's
     (fsdp: best.pt is sharded; evaluate.py --split test scores its consolidated file).  # feature: fsdp
     takes part), or None: best.pt's weights where the run has one, else the final model.  # feature: !fsdp
     Scored as `evaluate.py --split test` scores that checkpoint: its task with its own
     tuned threshold(s) frozen (tasks.frozen_task), never tuned on the test split."""
-    if test_set is None or not complete:
+    if test_set is None:
         return None
     distributed.barrier()  # rank 0 has written best.pt
-    best = Path(cfg.run.output_dir) / cfg.run.name / "best.pt"
-    model, which, meta, task_cfg = trainee.model, "final model", data.meta, cfg.task
+    best, data, device = loop.run_dir / "best.pt", loop.data, loop.device
+    model, which, meta = loop.trainee.model, "final model", data.meta
     if best.is_file() and not is_sharded(model):  # feature: fsdp
     if best.is_file():  # feature: !fsdp
         model, which, state = copy.deepcopy(model), "best.pt", checkpoint.load(best)
         checkpoint.load_model_state(model, checkpoint.model_weights(state, best), str(best))
         meta, task_cfg = state["data"], load_config(base=state["config"]).task
     task = frozen_task(task_cfg, data.task.num_outputs, meta)
-    args = dict(seed=cfg.run.seed, rank=dist.rank, world_size=dist.world_size)
-    loader = build_loader(test_set, cfg.data, 2 * cfg.train.batch_size, train=False, **args)
+    size = 2 * loop.train.batch_size  # as the validation loader
+    loader = build_loader(test_set, batch_size=size, train=False, **data.loader_args)
     try:
         loader = even_batches(loader, model, device)  # feature: fsdp
-        return evaluate(model, loader, task, device, cfg.train.amp, split="the test split"), which
+        return evaluate(model, loader, task, device, loop.train.amp, split="the test split"), which
     finally:
         close_loader(loader)

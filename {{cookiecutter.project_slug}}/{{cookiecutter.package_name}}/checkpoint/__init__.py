@@ -1,11 +1,12 @@
 """Checkpointing, in one place: the trainer and the loop call a CheckpointManager and nothing
 else; the tools (evaluate, predict, ...) read checkpoints with load().
 
-    ckpt = CheckpointManager(cfg, dist)   # the run folder <run.output_dir>/<run.name>/
-    state, path = ckpt.find()             # what train.resume continues from, on every rank
-    changed = ckpt.restore(state, trainee, progress, data)
+    ckpt = CheckpointManager(run_dir, keep_last, dist, settings)  # <run.output_dir>/<run.name>/
+    state, path = ckpt.find(resume)       # what train.resume continues from, on every rank
+    changed = changes(state, cfg, path)   # the settings changed since (some are refused)
+    ckpt.restore(state, trainee, progress, data, train, model_name)
     ckpt.open()                           # rank 0: the lock, leftovers of a kill
-    ckpt.write_config()                   # rank 0: config.yaml, run.json (resumed: 1st save)
+    ckpt.write_config(record, diff)       # rank 0: config.yaml, run.json (resumed: 1st save)
     ckpt.check_held()                     # the run folder is still this run's (every rank)
     ckpt.save(trainee, progress, extra, is_best, record)   # every epoch and at a stop
     ckpt.close()
@@ -22,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import distributed, finetune
-from ..config import Config, save_config, to_dict
+from ..config import TrainConfig, save_config
 from ..data import check_split
 from ..distributed import DistInfo
 from ..errors import CheckpointError
@@ -41,7 +42,6 @@ from .files import (
 from .resume import (
     FRESH_BEST,
     changes,
-    check_best_terms,
     check_position,
     complete_reason,
     load_state,
@@ -64,6 +64,7 @@ __all__ = [
     "Progress",
     "RunFolder",
     "atomic_save",
+    "changes",
     "check_training_state",
     "complete_reason",
     "consolidate",  # feature: fsdp
@@ -85,10 +86,11 @@ class CheckpointManager:
     `trainee` is anything with model, optimizer, scheduler and scaler (loop.Trainee); `data`
     anything with meta and effective_batch (loop.Data)."""
 
-    def __init__(self, cfg: Config, dist: DistInfo):
-        self.cfg, self.dist = cfg, dist
-        run_dir = Path(cfg.run.output_dir) / cfg.run.name
-        self.folder = RunFolder(run_dir, cfg.train.keep_last)
+    def __init__(self, run_dir: Path, keep_last: int, dist: DistInfo, settings: dict):
+        """`settings`: the run's config as config.yaml holds it (config.to_dict), written
+        into every checkpoint and beside them."""
+        self.dist, self.settings = dist, settings
+        self.folder = RunFolder(run_dir, keep_last)
         self._config_due = False  # config.yaml, run.json wait for a resumed run's first save
         self.resumed_from: str | None = None
         self.new_run = False  # continues another run's checkpoint as this new run
@@ -99,11 +101,11 @@ class CheckpointManager:
     def run_dir(self) -> Path:
         return self.folder.run_dir
 
-    def find(self) -> tuple[dict | None, str | None]:
-        """The training state train.resume asks to continue from, read on every rank, and its
-        path; (None, None) for a fresh run. Refuses to overwrite a run that has checkpoints:
-        a fresh start, or another run's checkpoint (which continues into a new run only)."""
-        state, path = load_state(self.cfg, self.dist, self.folder)
+    def find(self, resume: str) -> tuple[dict | None, str | None]:
+        """The training state `resume` (train.resume) asks to continue from, read on every
+        rank, and its path; (None, None) for a fresh run. Refuses to overwrite a run that has
+        checkpoints: a fresh start, or another run's checkpoint (continued as a new run only)."""
+        state, path = load_state(resume, self.dist, self.folder)
         self._config_due, self.resumed_from = path is not None, path
         self.new_run = state is not None and not self.folder.holds(path, state)
         if self.new_run:
@@ -113,29 +115,25 @@ class CheckpointManager:
             if self.dist.is_main:
                 print(
                     f"train.resume={path}: another run's checkpoint, continued as the new run "
-                    f"{self.cfg.run.name!r} (its metrics.csv starts here; best.pt and early "
+                    f"{self.run_dir.name!r} (its metrics.csv starts here; best.pt and early "
                     "stopping count from its first validation)"
                 )
         return state, path
 
-    def restore(self, state: dict, trainee, progress: Progress, data) -> list[str]:
+    def restore(
+        self, state: dict, trainee, progress: Progress, data, train: TrainConfig, model_name: str
+    ) -> None:
         """Continue the run of `state` exactly (a collective under fsdp): the same validation  # feature: fsdp
         """Continue the run of `state` exactly: the same validation  # feature: !fsdp
-        rows, every state restored. Returns the settings changed since, "key old -> new";
-        refuses the ones a resume keeps (resume.FIXED)."""
-        changed = changes(state, self.cfg)
-        if not self.new_run:
-            check_best_terms(state, self.cfg, self.resumed_from)
+        rows, every state restored (resume.changes checks the settings first)."""
         if data.meta.get("split"):  # the same validation rows as before the stop
             fix = "resume on the same data, or start a new run (run.name=<new name>)"
             check_split(data.meta["split"], state.get("data"), fix)
         t, dist = trainee, self.dist
         # The backbone frozen or not as when saved: the optimizer's state is for exactly the
         # parameters that train (a frozen one has none yet).
-        finetune.set_epoch(
-            t.model, self.cfg.train, state["progress"]["epoch"], self.cfg.model.name
-        )
-        sharded.restore(state, t.model, t.optimizer, self.cfg.train.strategy)  # feature: fsdp
+        finetune.set_epoch(t.model, train, state["progress"]["epoch"], model_name)
+        sharded.restore(state, t.model, t.optimizer, train.strategy)  # feature: fsdp
         restore_training_state(
             state,
             t.model,
@@ -151,7 +149,6 @@ class CheckpointManager:
         check_position(progress, data, self.resumed_from)
         if dist.is_main:
             note_batch_change(state, data.effective_batch)
-        return changed
 
     def open(self) -> None:
         """Rank 0 takes the run folder before writing to it: the lock, and the temporary files
@@ -159,20 +156,18 @@ class CheckpointManager:
         self.folder.lock()
         self.folder.remove_stale_temporaries()
 
-    def write_config(self) -> None:
+    def write_config(self, record: dict, diff: str) -> None:
         """Rank 0: config.yaml, the settings the run's checkpoints were trained with, and
         run.json (and diff.patch), what made the run: code, software, machine, launcher, data
-        digests (utils/provenance.py). Written now for a new run; for a resumed one with its
-        first checkpoint, so a resume that fails (a refused setting, a full disk, a first step
-        that fails) leaves both files as they were."""
-        self.record, self._diff = provenance.collect(
-            self.cfg, to_dict(self.cfg), self.dist.world_size
-        )
+        digests (`record`, `diff`: utils/provenance.collect). Written now for a new run; for a
+        resumed one with its first checkpoint, so a resume that fails (a refused setting, a
+        full disk, a first step that fails) leaves both files as they were."""
+        self.record, self._diff = record, diff
         if not self._config_due or not (self.run_dir / "config.yaml").is_file():
             self._write_config()
 
     def _write_config(self) -> None:
-        save_config(self.cfg, self.run_dir / "config.yaml")
+        save_config(self.settings, self.run_dir / "config.yaml")
         provenance.write(self.run_dir, self.record, self._diff)  # a resume: appended to
         self._config_due = False
 
@@ -203,7 +198,7 @@ class CheckpointManager:
                 t.scheduler,
                 t.scaler,
                 progress,
-                to_dict(self.cfg),
+                self.settings,
                 rngs,
                 self.dist.world_size,
                 shards,  # feature: fsdp

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import distributed, finetune
-from ..config import Config, flatten, to_dict
+from ..config import Config, TrainConfig, flatten, to_dict
 from ..data import set_epoch
 from ..distributed import DistInfo
 from ..errors import LEFT_OUT, CheckpointError, ConfigError, UserError, left_out
@@ -38,8 +38,9 @@ NOT_SETTINGS = ("train.resume", "train.init_from")
 FRESH_BEST = {"best": None, "best_epoch": None, "best_tie": None, "bad_epochs": 0}
 
 
-def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | None, str | None]:
-    """The training state to continue from, per train.resume, on every rank, and its path;
+def load_state(resume: str, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | None, str | None]:
+    """The training state to continue from, per `resume` (train.resume), on every rank, and
+    its path;
     (None, None) for a fresh run. Rank 0 decides, holding the run folder's lock, and every
     rank reads that one file: if ranks chose on their own, one failed read (or a node without
     the shared filesystem) would leave them at different steps. Any rank's failure stops every
@@ -49,7 +50,7 @@ def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | No
         try:
             if ckpts.run_dir.exists():
                 ckpts.lock()  # before reading: a live run may still be writing here
-            found = ckpts.find(cfg.train.resume, cfg.run.name)
+            found = ckpts.find(resume, ckpts.run_dir.name)
         except UserError as exc:
             error = exc
     path, error = distributed.broadcast_object((str(found[1]) if found else None, error))
@@ -69,9 +70,11 @@ def load_state(cfg: Config, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | No
     return state, path
 
 
-def changes(state: dict, cfg: Config) -> list[str]:
-    """The settings that differ from the checkpoint's, as "key old -> new"; refuses FIXED ones.
-    Everything else applies from the resumed step on (see optim.continue_schedule)."""
+def changes(state: dict, cfg: Config, path: str | None = None) -> list[str]:
+    """The settings that differ from the checkpoint's, as "key old -> new"; refuses FIXED ones,
+    and for the same run (`path`: its checkpoint; None for a checkpoint continued as a new
+    run) another best metric. Everything else applies from the resumed step on (see
+    optim.continue_schedule)."""
     old, new = _grouped(flatten(state["config"])), _grouped(flatten(to_dict(cfg)))
     out = []
     for key, value in new.items():
@@ -87,6 +90,8 @@ def changes(state: dict, cfg: Config) -> list[str]:
             )
         out.append(f"{key} {old[key]} -> {value}")
     check_finetune_terms(state, cfg)
+    if path is not None:
+        check_best_terms(state, cfg, path)
     return out
 
 
@@ -164,14 +169,14 @@ def check_position(progress: Progress, data, path: str) -> None:
     )
 
 
-def complete_reason(cfg: Config, progress: Progress) -> str | None:
+def complete_reason(train: TrainConfig, progress: Progress) -> str | None:
     """Why nothing is left to train ("finished": every epoch, "max_steps", "early_stopping"),
     or None while something is. Early stopping is judged with this run's patience: a larger
     one continues an early-stopped run."""
-    if progress.epoch >= cfg.train.epochs:
+    if progress.epoch >= train.epochs:
         return "finished"
-    if 0 < cfg.train.max_steps <= progress.step:
+    if 0 < train.max_steps <= progress.step:
         return "max_steps"
-    if 0 < cfg.train.early_stop_patience <= progress.bad_epochs:
+    if 0 < train.early_stop_patience <= progress.bad_epochs:
         return "early_stopping"
     return None

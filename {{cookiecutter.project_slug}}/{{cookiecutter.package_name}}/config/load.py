@@ -87,9 +87,11 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def save_config(cfg: Config, path: Path) -> None:
-    """Written whole or not at all: a full disk never leaves half a config."""
-    replace_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def save_config(cfg: Config | dict, path: Path) -> None:
+    """Written whole or not at all: a full disk never leaves half a config. `cfg`: a Config,
+    or its to_dict()."""
+    settings = cfg if isinstance(cfg, dict) else to_dict(cfg)
+    replace_text(path, yaml.safe_dump(settings, sort_keys=False))
 
 
 def _merge(base: dict, top: dict) -> dict:

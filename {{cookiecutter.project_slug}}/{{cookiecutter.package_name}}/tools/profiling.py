@@ -28,7 +28,7 @@ class StepProfiler:
             return
         self.seen += 1
         if self.seen == WARMUP:  # the next step is the first profiled
-            self._start(loop.trainee.model, Path(loop.cfg.run.output_dir) / loop.cfg.run.name)
+            self._start(loop.trainee.model, loop.run_dir)
             self.start_step = loop.progress.step
         elif self.profiler is not None:
             self.profiler.step()

@@ -85,9 +85,10 @@ def _forward_backward(loop, batches: list, size: int) -> torch.Tensor:
                 xs = xs.contiguous(memory_format=torch.channels_last)
             with mixed_precision:
                 loss = loop.data.task.loss(trainee.net(xs), ys)
-            share = len(xs) / len(x)  # the batch's mean: each micro-batch by its size
-            trainee.scaler.scale(loss * (share / len(batches))).backward()
-            total = total + loss.detach().float() * (share / len(batches))
+            # The step's mean: each micro-batch by its share of its batch, of the batches.
+            weight = len(xs) / len(x) / len(batches)
+            trainee.scaler.scale(loss * weight).backward()
+            total = total + loss.detach().float() * weight
     return total
 
 

@@ -101,9 +101,9 @@ def train(cfg: Config, dist: DistInfo, device: torch.device, stop: StopSignal, h
             log = open_run_folder(cfg, ckpts, progress.step, (state or {}).get("trackers"))
             announce(cfg, dist, device, data, trainee, threads, progress, state is not None)
         vote = distributed.StopVote(stop, device, progress.step)
-        parts = dict(dist=dist, device=device, data=data, trainee=trainee, progress=progress)
-        loop = Loop(**loop_settings(cfg, run_dir), **parts, log=log, stop=stop, vote=vote)
-        loop.hooks += hooks
+        own = loop_settings(cfg, run_dir)
+        loop = Loop(**own, dist=dist, device=device, data=data, trainee=trainee,
+                    progress=progress, log=log, stop=stop, vote=vote, hooks=[*hooks])  # fmt: skip
         metrics, stopped = run_epochs(loop, ckpts)
         test = score_test(loop, test_set, cfg.task) if stopped in COMPLETE else None
         if dist.is_main:
@@ -258,9 +258,8 @@ def distribute(cfg: Config, dist: DistInfo, device: torch.device, trainee: Train
 
 def loop_settings(cfg: Config, run_dir: Path) -> dict:
     """What the loop reads of the config: its section, and what the others tell it."""
-    best = dict(best=cfg.best(), tie=cfg.tie_break())
-    own = dict(train=cfg.train, log_every=cfg.run.log_every, model_name=cfg.model.name)
-    return dict(**own, **best, run_dir=run_dir)
+    return dict(train=cfg.train, log_every=cfg.run.log_every, model_name=cfg.model.name,
+                best=cfg.best(), tie=cfg.tie_break(), run_dir=run_dir)  # fmt: skip
 
 
 def announce(cfg, dist, device, data: Data, trainee: Trainee, threads: int, progress, resumed):

@@ -40,17 +40,16 @@ FRESH_BEST = {"best": None, "best_epoch": None, "best_tie": None, "bad_epochs": 
 
 def load_state(resume: str, dist: DistInfo, ckpts: RunFolder) -> tuple[dict | None, str | None]:
     """The training state to continue from, per `resume` (train.resume), on every rank, and
-    its path;
-    (None, None) for a fresh run. Rank 0 decides, holding the run folder's lock, and every
-    rank reads that one file: if ranks chose on their own, one failed read (or a node without
-    the shared filesystem) would leave them at different steps. Any rank's failure stops every
-    rank with one line."""
+    its path; (None, None) for a fresh run. Rank 0 decides, holding the run folder's lock,
+    and every rank reads that one file: if ranks chose on their own, one failed read (or a
+    node without the shared filesystem) would leave them at different steps. Any rank's
+    failure stops every rank with one line."""
     found, error = None, None
     if dist.is_main:
         try:
             if ckpts.run_dir.exists():
                 ckpts.lock()  # before reading: a live run may still be writing here
-            found = ckpts.find(resume, ckpts.run_dir.name)
+            found = ckpts.find(resume)
         except UserError as exc:
             error = exc
     path, error = distributed.broadcast_object((str(found[1]) if found else None, error))

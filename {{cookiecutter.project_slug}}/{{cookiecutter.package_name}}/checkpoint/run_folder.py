@@ -87,16 +87,17 @@ class RunFolder:
                 shutil.rmtree(folder, ignore_errors=True)
     # <<< fsdp
 
-    def find(self, resume: str, run_name: str, say=print) -> tuple[dict, Path] | None:
+    def find(self, resume: str, say=print) -> tuple[dict, Path] | None:
         """What train.resume asks to continue from: "" nothing (a fresh run, refused where the
         run has checkpoints); "auto" the newest checkpoint that loads, nothing where the
         folder has none, an error where it has some and none loads; else the path given."""
+        name = self.run_dir.name  # run.name
         if resume == "auto":
             found = self.latest(warn=say, quarantine=True)
             if found is None and self.checkpoint_files():
                 names = ", ".join(path.name for path in self.checkpoint_files())
                 raise CheckpointError(
-                    f"no checkpoint of run {run_name!r} loads ({names} in {self.run_dir}); "
+                    f"no checkpoint of run {name!r} loads ({names} in {self.run_dir}); "
                     "resume from a good file with train.resume=PATH, or start a new run with "
                     "run.name=<new name>"
                 )
@@ -108,7 +109,7 @@ class RunFolder:
             if not self.holds(resume, state) and self.checkpoint_files():
                 # Continuing it here would replace this run's lineage and prune its files.
                 raise ConfigError(
-                    f"run {run_name!r} already exists in {self.run_dir}, and "
+                    f"run {name!r} already exists in {self.run_dir}, and "
                     f"train.resume={resume} is not one of its checkpoints; continue that "
                     "checkpoint as a new run with run.name=<new name>, or this run with "
                     "train.resume=auto"
@@ -116,7 +117,7 @@ class RunFolder:
             return state, Path(resume)
         if self.checkpoint_files():
             raise ConfigError(
-                f"run {run_name!r} already exists in {self.run_dir}; continue it with "
+                f"run {name!r} already exists in {self.run_dir}; continue it with "
                 "train.resume=auto, or start a new one with run.name=<new name>"
             )
         return None
